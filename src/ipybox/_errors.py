@@ -1,0 +1,111 @@
+"""Exceptions raised by ipybox.
+
+Every error derives from one root, so ``except IpyboxError`` catches anything ipybox
+raises on purpose. The public names are re-exported where the API reference puts them
+(``ExecutionError`` in ``kernel_mgr.client``, ``ToolRunnerError`` in ``tool_exec.client``,
+``CodeExecutionError`` in ``ipybox``)::
+
+    IpyboxError
+    ├── GatewayError              the kernel gateway could not start or was stopped
+    │   └── SandboxUnavailableError   sandboxing was asked for but cannot be provided
+    ├── KernelConnectionError     no kernel could be created or reached
+    ├── ExecutionError            code raised in the kernel (ename, evalue, traceback)
+    │   ├── KernelDiedError       the kernel process died while running code
+    │   └── CodeExecutionError    raised by CodeExecutor (also for rejected tool calls)
+    ├── ServerParamsError         MCP server parameters are malformed or name a missing ${VAR}
+    ├── MCPServerError            an MCP server could not be started or failed a call
+    ├── ToolRunnerError           a tool call was rejected, expired or failed
+    └── ApiGenerationError        a typed API could not be generated for an MCP server
+
+``GatewayError`` and ``KernelConnectionError`` are also ``RuntimeError`` and
+``ServerParamsError`` is also ``ValueError``, as the API reference documents.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+
+class IpyboxError(Exception):
+    """Root of every exception ipybox raises on purpose."""
+
+
+class GatewayError(IpyboxError, RuntimeError):
+    """The Jupyter Kernel Gateway could not be started, or is not running."""
+
+
+class SandboxUnavailableError(GatewayError):
+    """Sandboxing was requested but cannot be provided on this machine or version."""
+
+
+class KernelConnectionError(IpyboxError, RuntimeError):
+    """A kernel could not be created on the gateway, or its channels could not be reached."""
+
+
+class ExecutionError(IpyboxError):
+    """Code executed in an IPython kernel raised an exception.
+
+    Attributes:
+        ename: The exception's class name, e.g. ``"ZeroDivisionError"``.
+        evalue: The exception's message.
+        traceback: The kernel's traceback as plain text (no ANSI colour codes).
+    """
+
+    def __init__(self, message: str, ename: str = "", evalue: str = "", traceback: str = "") -> None:
+        super().__init__(message)
+        self.ename = ename
+        self.evalue = evalue
+        self.traceback = traceback
+
+
+class KernelDiedError(ExecutionError):
+    """The kernel process died while code was running; call ``reset()`` to get a fresh one."""
+
+
+class CodeExecutionError(ExecutionError):
+    """Code executed by ``CodeExecutor`` failed, including rejected or failed tool calls."""
+
+
+class ServerParamsError(IpyboxError, ValueError):
+    """MCP server parameters are malformed, or name an environment variable that is not set."""
+
+
+class MCPServerError(IpyboxError):
+    """An MCP server could not be started, did not answer in time, or failed a tool call.
+
+    Attributes:
+        server_name: The application's name for the MCP server.
+        tool_name: The tool being called, if any.
+    """
+
+    def __init__(self, message: str, server_name: str = "", tool_name: str | None = None) -> None:
+        super().__init__(message)
+        self.server_name = server_name
+        self.tool_name = tool_name
+
+
+ToolCallOutcome = Literal["rejected", "expired", "failed"]
+
+
+class ToolRunnerError(IpyboxError):
+    """A tool call through the tool server did not produce a result.
+
+    Attributes:
+        kind: ``"rejected"`` (the application said no), ``"expired"`` (no decision within
+            the approval timeout) or ``"failed"`` (no approval client, MCP server error,
+            tool server unreachable, ...).
+        server_name: The MCP server the call was for.
+        tool_name: The tool that was called.
+    """
+
+    def __init__(
+        self, message: str, kind: ToolCallOutcome = "failed", server_name: str = "", tool_name: str = ""
+    ) -> None:
+        super().__init__(message)
+        self.kind: ToolCallOutcome = kind
+        self.server_name = server_name
+        self.tool_name = tool_name
+
+
+class ApiGenerationError(IpyboxError):
+    """A typed Python API could not be generated for an MCP server."""
