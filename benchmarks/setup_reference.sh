@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Creates (once) the reference environment the benchmark measures against:
+# ipybox 0.7.1 from PyPI with mcp<2, in its own virtual environment under .bench/ref.
+# Safe to run again: an environment that already imports the pinned version is kept.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+REF=.bench/ref
+PY="$REF/bin/python"
+WANT=0.7.1
+
+if [ -x "$PY" ] && "$PY" - "$WANT" <<'PYEOF' 2>/dev/null; then
+import sys
+from importlib.metadata import version
+import psutil  # noqa: F401  (the memory figure needs it on this side too)
+sys.exit(0 if version("ipybox") == sys.argv[1] else 1)
+PYEOF
+    echo "reference environment ready: $REF (ipybox $WANT)"
+    exit 0
+fi
+
+echo "creating the reference environment in $REF (ipybox==$WANT, mcp<2)"
+uv venv --quiet --allow-existing --python 3.11 "$REF"
+uv pip install --quiet --python "$PY" "ipybox==$WANT" "mcp<2" psutil
+"$PY" -c "from importlib.metadata import version; print('reference ipybox', version('ipybox'), 'mcp', version('mcp'))"

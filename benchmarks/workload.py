@@ -1,0 +1,344 @@
+"""One benchmark figure, measured through the public API of whichever `ipybox` this interpreter imports.
+
+`benchmarks/run.py` starts this file twice per figure: with the reference environment's
+interpreter (ipybox 0.7.1) and with the project's. Only names, paths and defaults that both
+document are used, so the same code measures both. The result is printed as one line
+`BENCH_RESULT {json}` (a failure as `BENCH_ERROR {json}`): the gateway and tool server of
+either side may write their own logs to stdout, and the marker keeps the result findable.
+
+Usage: python benchmarks/workload.py FIGURE [--quick] [--mcp-python PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import json
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+BENCH_SERVER = HERE / "servers" / "bench_server.py"
+MANY_TOOLS_SERVER = HERE / "servers" / "many_tools_server.py"
+TRIVIAL = "x = 1"
+
+
+def free_port() -> int:
+    """A port that was free a moment ago, for the APIs that need an explicit one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def maybe_await(value: Any) -> Any:
+    # Lifecycle methods are coroutines in the documented API; awaiting only when needed keeps
+    # the workload correct should one side make a method such as `stop()` synchronous.
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+def ms(seconds: float) -> float:
+    return seconds * 1000.0
+
+
+def summary(samples_ms: list[float], unit: str = "ms") -> dict[str, Any]:
+    ordered = sorted(samples_ms)
+    return {
+        "value": statistics.median(ordered),
+        "unit": unit,
+        "n": len(ordered),
+        "min": ordered[0],
+        "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "max": ordered[-1],
+    }
+
+
+async def timed(func: Callable[[], Awaitable[Any]]) -> float:
+    start = time.perf_counter()
+    await func()
+    return time.perf_counter() - start
+
+
+# --- kernel layer -------------------------------------------------------------------------
+
+
+async def fig_execute(args: argparse.Namespace) -> dict[str, Any]:
+    from ipybox.kernel_mgr.client import KernelClient
+    from ipybox.kernel_mgr.server import KernelGateway
+
+    runs = 60 if args.quick else 300
+    port = free_port()
+    async with KernelGateway(port=port, log_level="WARNING"), KernelClient(
+        port=port, images_dir=Path("images")
+    ) as client:
+        for _ in range(10):
+            await client.execute(TRIVIAL)
+        samples = [ms(await timed(lambda: client.execute(TRIVIAL))) for _ in range(runs)]
+    return summary(samples)
+
+
+async def fig_start(args: argparse.Namespace) -> dict[str, Any]:
+    from ipybox.kernel_mgr.client import KernelClient
+    from ipybox.kernel_mgr.server import KernelGateway
+
+    runs = 2 if args.quick else 5
+    samples = []
+    for _ in range(runs):
+        port = free_port()
+        gateway = KernelGateway(port=port, log_level="WARNING")
+        client = KernelClient(port=port, images_dir=Path("images"))
+        start = time.perf_counter()
+        try:
+            await maybe_await(gateway.start())
+            await maybe_await(client.connect())
+            await client.execute(TRIVIAL)
+            samples.append(ms(time.perf_counter() - start))
+        finally:
+            try:
+                await maybe_await(client.disconnect())
+            finally:
+                await maybe_await(gateway.stop())
+    return summary(samples)
+
+
+async def fig_reset(args: argparse.Namespace) -> dict[str, Any]:
+    from ipybox.kernel_mgr.client import KernelClient
+    from ipybox.kernel_mgr.server import KernelGateway
+
+    runs = 4 if args.quick else 10
+
+    async def reset_then_execute() -> None:
+        await client.reset()
+        await client.execute(TRIVIAL)
+
+    port = free_port()
+    samples = []
+    async with KernelGateway(port=port, log_level="WARNING"), KernelClient(
+        port=port, images_dir=Path("images")
+    ) as client:
+        await client.execute(TRIVIAL)
+        for _ in range(runs):
+            # An agent works between two resets; the gap stands for that work and is not timed.
+            await asyncio.sleep(args.reset_gap)
+            samples.append(ms(await timed(reset_then_execute)))
+    return {**summary(samples), "gap_s": args.reset_gap}
+
+
+async def fig_executor_start(args: argparse.Namespace) -> dict[str, Any]:
+    from ipybox import CodeExecutor
+
+    runs = 2 if args.quick else 5
+    samples = []
+    for _ in range(runs):
+        executor = CodeExecutor(images_dir=Path("images"))
+        start = time.perf_counter()
+        try:
+            await maybe_await(executor.start())
+            await executor.execute(TRIVIAL)
+            samples.append(ms(time.perf_counter() - start))
+        finally:
+            await maybe_await(executor.stop())
+    return summary(samples)
+
+
+# --- tool layer ---------------------------------------------------------------------------
+
+
+async def tool_calls(args: argparse.Namespace, approval: bool) -> dict[str, Any]:
+    from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
+    from ipybox.tool_exec.client import ToolRunner
+    from ipybox.tool_exec.server import ToolServer
+
+    runs = 60 if args.quick else 300
+    port = free_port()
+    server_params = {"command": args.mcp_python, "args": [str(BENCH_SERVER)]}
+    tool_args = {"text": "hello"}
+    approvals = 0
+
+    async def accept(request: ApprovalRequest) -> None:
+        nonlocal approvals
+        approvals += 1
+        await request.accept()
+
+    def call_loop() -> list[float]:
+        # run_sync blocks, as it does inside a kernel: it runs in a worker thread so the tool
+        # server and the approval client keep the event loop.
+        runner = ToolRunner(server_name="bench", server_params=server_params, port=port)
+        first = runner.run_sync("echo", tool_args)
+        if "hello" not in str(first):
+            raise RuntimeError(f"echo returned {first!r}, expected it to contain 'hello'")
+        for _ in range(10):
+            runner.run_sync("echo", tool_args)
+        samples = []
+        for _ in range(runs):
+            start = time.perf_counter()
+            runner.run_sync("echo", tool_args)
+            samples.append(ms(time.perf_counter() - start))
+        return samples
+
+    async with ToolServer(port=port, approval_required=approval, log_level="WARNING"):
+        if approval:
+            async with ApprovalClient(callback=accept, port=port):
+                samples = await asyncio.to_thread(call_loop)
+            if approvals < runs:
+                raise RuntimeError(f"only {approvals} approval requests for {runs} calls")
+        else:
+            samples = await asyncio.to_thread(call_loop)
+    return summary(samples)
+
+
+async def fig_tool_call(args: argparse.Namespace) -> dict[str, Any]:
+    return await tool_calls(args, approval=False)
+
+
+async def fig_approval_call(args: argparse.Namespace) -> dict[str, Any]:
+    return await tool_calls(args, approval=True)
+
+
+async def fig_apigen(args: argparse.Namespace) -> dict[str, Any]:
+    from ipybox import generate_mcp_sources
+
+    runs = 1 if args.quick else 3
+    server_params = {"command": args.mcp_python, "args": [str(MANY_TOOLS_SERVER)]}
+    samples = []
+    modules: list[str] = []
+    for i in range(runs):
+        root = Path(tempfile.mkdtemp(prefix=f"apigen{i}-", dir="."))
+        start = time.perf_counter()
+        modules = list(await generate_mcp_sources("many_tools", server_params, root))
+        samples.append(ms(time.perf_counter() - start))
+        written = sorted(p.name for p in (root / "many_tools").glob("*.py") if p.name != "__init__.py")
+        if len(modules) != 100 or len(written) != 100:
+            raise RuntimeError(f"expected 100 modules, got {len(modules)} names and {len(written)} files")
+    return summary(samples)
+
+
+# --- memory -------------------------------------------------------------------------------
+
+
+def tree_memory_mb() -> dict[str, Any]:
+    import psutil
+
+    me = psutil.Process()
+    processes = [me, *me.children(recursive=True)]
+    pss = rss = 0
+    counted = 0
+    for process in processes:
+        try:
+            info = process.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        pss += info.pss
+        rss += info.rss
+        counted += 1
+    mb = 1024.0 * 1024.0
+    return {"value": pss / mb, "unit": "MB", "rss_mb": rss / mb, "processes": counted}
+
+
+async def fig_memory(args: argparse.Namespace) -> dict[str, Any]:
+    from ipybox import CodeExecutor
+
+    async with CodeExecutor(images_dir=Path("images")) as executor:
+        await executor.execute(TRIVIAL)
+        # Let start-up work (background threads, spare processes) settle before measuring idle memory.
+        await asyncio.sleep(1.0)
+        return tree_memory_mb()
+
+
+FIGURES: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = {
+    "execute": fig_execute,
+    "start": fig_start,
+    "reset": fig_reset,
+    "executor_start": fig_executor_start,
+    "tool_call": fig_tool_call,
+    "approval_call": fig_approval_call,
+    "apigen": fig_apigen,
+    "memory": fig_memory,
+}
+
+
+def reap_leftovers(deadline_s: float = 5.0) -> int:
+    """Wait for the processes the figure started to end; kill the ones that outlive the deadline.
+
+    Returns how many had to be killed: a number above zero means the API under test left
+    processes behind after its documented `stop()` / `async with` exit.
+    """
+    try:
+        import psutil
+    except ImportError:
+        return 0
+    children = psutil.Process().children(recursive=True)
+    _, alive = psutil.wait_procs(children, timeout=deadline_s)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return len(alive)
+
+
+def emit(marker: str, payload: dict[str, Any]) -> None:
+    sys.stdout.flush()
+    print(f"{marker} {json.dumps(payload)}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("figure", choices=sorted(FIGURES))
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions")
+    parser.add_argument("--mcp-python", default=sys.executable, help="interpreter that runs the MCP servers")
+    parser.add_argument("--reset-gap", type=float, default=2.0, help="idle seconds before each timed reset")
+    args = parser.parse_args()
+
+    import ipybox
+
+    try:
+        from importlib.metadata import version
+
+        ipybox_version = version("ipybox")
+    except Exception:
+        ipybox_version = "unknown"
+
+    # A fresh working directory: both APIs write `images/`, generated packages and the like
+    # relative to it, and a `.env` there would be loaded by CodeExecutor.
+    workdir = tempfile.mkdtemp(prefix=f"ipybox-bench-{args.figure}-")
+    os.chdir(workdir)
+    try:
+        result = asyncio.run(FIGURES[args.figure](args))
+    except BaseException as exc:
+        leaked = reap_leftovers()
+        text = str(exc).strip()
+        message = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+        traceback.print_exc(file=sys.stderr)
+        emit("BENCH_ERROR", {"figure": args.figure, "error": message, "leaked_processes": leaked})
+        return 1
+    finally:
+        os.chdir(tempfile.gettempdir())
+        shutil.rmtree(workdir, ignore_errors=True)
+    leaked = reap_leftovers()
+    emit(
+        "BENCH_RESULT",
+        {
+            "figure": args.figure,
+            **result,
+            "leaked_processes": leaked,
+            "ipybox": ipybox_version,
+            "ipybox_path": str(Path(ipybox.__file__).parent),
+        },
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
