@@ -1,0 +1,633 @@
+"""MCP client sessions for the tool server and the code generator (application side only).
+
+Server parameters are resolved here (``${VAR}`` placeholders, transport detection) into
+frozen values, and each MCP server connection is an :class:`MCPSession` whose MCP SDK
+``Client`` is entered and exited by one long-lived task. Callers reach it through futures:
+each call runs as a task in the owner's task group, so every anyio scope is entered and
+left by the task that owns it. This module is never imported inside a kernel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import re
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+import httpx2
+from mcp.client import Client
+from mcp.client.sse import sse_client
+from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import CallToolResult, TextContent, Tool
+from mcp_types import CONNECTION_CLOSED
+
+from ipybox._errors import MCPServerError, ServerParamsError
+
+__all__ = ["HttpParams", "MCPSession", "StdioParams", "list_tools", "resolve_params"]
+
+logger = logging.getLogger(__name__)
+
+_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "type"})
+_HTTP_KEYS = frozenset({"url", "headers", "type"})
+_HTTP_TYPES: dict[str, Literal["streamable_http", "sse"]] = {
+    "streamable_http": "streamable_http",
+    "streamable-http": "streamable_http",
+    "http": "streamable_http",
+    "sse": "sse",
+}
+# Marks a stdio server's process so the session can find its process group afterwards.
+_SESSION_MARKER_ENV = "IPYBOX_MCP_SESSION"
+_GROUP_KILL_GRACE = 2.0
+
+
+@dataclass(frozen=True)
+class StdioParams:
+    """Resolved parameters of an MCP server started as a subprocess (stdio transport).
+
+    Attributes:
+        command: The executable.
+        args: Its command-line arguments.
+        env: Extra environment variables for the server process, or ``None``.
+        cwd: The working directory of the server process, or ``None`` for the current one.
+    """
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: dict[str, str] | None = None
+    cwd: str | None = None
+
+
+@dataclass(frozen=True)
+class HttpParams:
+    """Resolved parameters of an MCP server reached over HTTP.
+
+    Attributes:
+        url: The server's endpoint URL.
+        headers: HTTP headers sent with every request (e.g. ``Authorization``).
+        transport: ``"streamable_http"`` or ``"sse"``.
+    """
+
+    url: str
+    headers: dict[str, str]
+    transport: Literal["streamable_http", "sse"]
+
+
+def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams:
+    """Validate MCP server parameters and replace their ``${VAR}`` placeholders.
+
+    A stdio server is given as ``{"command", "args", "env", "cwd"}``, an HTTP server as
+    ``{"url", "headers", "type"}`` where ``type`` is ``"streamable_http"`` or ``"sse"``; without
+    ``type`` the transport follows the URL path (``.../sse`` is SSE, anything else streamable
+    HTTP). ``${VAR}`` in any string is replaced from this process's environment, or else from
+    the ``.env`` file of the current working directory.
+
+    Args:
+        server_params: The parameters as the application wrote them.
+
+    Returns:
+        The resolved, validated parameters.
+
+    Raises:
+        ServerParamsError: The parameters have the wrong shape, or a placeholder names a variable
+            that is set neither in the environment nor in ``.env``.
+    """
+    if not isinstance(server_params, Mapping):
+        raise ServerParamsError(
+            f"MCP server parameters must be a mapping such as {{'command': ..., 'args': [...]}} or "
+            f"{{'url': ...}}, not {type(server_params).__name__}."
+        )
+    params = _substitute(dict(server_params), _Environment())
+    has_command, has_url = "command" in params, "url" in params
+    if has_command == has_url:
+        raise ServerParamsError(
+            "MCP server parameters need exactly one of 'command' (a server started as a subprocess, with "
+            f"optional 'args', 'env', 'cwd') or 'url' (an HTTP server, with optional 'headers', 'type'); got keys "
+            f"{sorted(params)}."
+        )
+    if has_command:
+        return _stdio_params(params)
+    return _http_params(params)
+
+
+def _stdio_params(params: dict[str, Any]) -> StdioParams:
+    _check_keys(params, _STDIO_KEYS, "a stdio server ('command')")
+    command, args, env, cwd = params["command"], params.get("args", []), params.get("env"), params.get("cwd")
+    if params.get("type", "stdio") != "stdio":
+        raise ServerParamsError(
+            f"'type' must be 'stdio' (or absent) for a server with a 'command', not {params['type']!r}."
+        )
+    if not isinstance(command, str) or not command:
+        raise ServerParamsError(f"'command' must be a non-empty string, not {command!r}.")
+    if not isinstance(args, list | tuple) or not all(isinstance(arg, str) for arg in args):
+        raise ServerParamsError(f"'args' must be a list of strings, not {args!r}.")
+    if env is not None and not _is_str_dict(env):
+        raise ServerParamsError("'env' must be a mapping of strings to strings.")
+    if cwd is not None and not isinstance(cwd, str | os.PathLike):
+        raise ServerParamsError(f"'cwd' must be a path string, not {cwd!r}.")
+    return StdioParams(
+        command=command,
+        args=tuple(args),
+        env=dict(env) if env is not None else None,
+        cwd=os.fspath(cwd) if cwd is not None else None,
+    )
+
+
+def _http_params(params: dict[str, Any]) -> HttpParams:
+    _check_keys(params, _HTTP_KEYS, "an HTTP server ('url')")
+    url, headers, kind = params["url"], params.get("headers") or {}, params.get("type")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise ServerParamsError(f"'url' must be an http:// or https:// URL, not {url!r}.")
+    if not _is_str_dict(headers):
+        raise ServerParamsError("'headers' must be a mapping of strings to strings.")
+    if kind is None:
+        path = httpx2.URL(url).path.rstrip("/")
+        transport: Literal["streamable_http", "sse"] = "sse" if path.endswith("/sse") else "streamable_http"
+    elif kind in _HTTP_TYPES:
+        transport = _HTTP_TYPES[kind]
+    else:
+        raise ServerParamsError(f"'type' must be 'streamable_http' or 'sse', not {kind!r}.")
+    return HttpParams(url=url, headers=dict(headers), transport=transport)
+
+
+def _check_keys(params: dict[str, Any], allowed: frozenset[str], what: str) -> None:
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ServerParamsError(
+            f"Unexpected MCP server parameter(s) {unknown} for {what}; allowed are {sorted(allowed)}."
+        )
+
+
+def _is_str_dict(value: Any) -> bool:
+    return isinstance(value, Mapping) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+class _Environment:
+    """Looks variables up in ``os.environ``, then in ``./.env`` (read once, only when needed)."""
+
+    def __init__(self) -> None:
+        self._dotenv: dict[str, str | None] | None = None
+
+    def get(self, name: str) -> str | None:
+        value = os.environ.get(name)
+        if value is not None:
+            return value
+        if self._dotenv is None:
+            from dotenv import dotenv_values
+
+            path = Path.cwd() / ".env"
+            self._dotenv = dict(dotenv_values(path)) if path.is_file() else {}
+        return self._dotenv.get(name)
+
+
+def _substitute(value: Any, environment: _Environment) -> Any:
+    if isinstance(value, str):
+        if "${" not in value:
+            return value
+
+        def replace(match: re.Match[str]) -> str:
+            name = match.group(1)
+            resolved = environment.get(name)
+            if resolved is None:
+                raise ServerParamsError(
+                    f"MCP server parameters refer to ${{{name}}}, but the environment variable {name} is not set: "
+                    f"set it, or add it to the .env file in {Path.cwd()}."
+                )
+            return resolved
+
+        return _PLACEHOLDER.sub(replace, value)
+    if isinstance(value, Mapping):
+        return {key: _substitute(item, environment) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_substitute(item, environment) for item in value]
+    return value
+
+
+class _EofWatchingStream:
+    """Wraps a transport's read stream and reports when the server side has gone away."""
+
+    def __init__(self, inner: Any, on_eof: Any) -> None:
+        self._inner = inner
+        self._on_eof = on_eof
+
+    def __getattr__(self, name: str) -> Any:
+        # Forwards ``last_context`` and whatever else the SDK reads off its own streams.
+        return getattr(self._inner, name)
+
+    async def receive(self) -> Any:
+        try:
+            return await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._on_eof()
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> _EofWatchingStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _EofWatchingStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+class MCPSession:
+    """A connection to one MCP server, owned by one task for its whole life.
+
+    ``start()`` spawns the owner task, which enters the MCP SDK ``Client`` (starting a stdio
+    server process or connecting over HTTP) and keeps it open until ``close()`` or until the
+    server goes away. Tool calls run as tasks in the owner's task group and report back through
+    futures, so several calls to one server can be in flight at once.
+
+    Args:
+        server_name: The application's name for the server (used in messages).
+        params: The resolved server parameters.
+        connect_timeout: Seconds the server has to start and complete the MCP handshake.
+    """
+
+    def __init__(
+        self, server_name: str, params: StdioParams | HttpParams, connect_timeout: float = 30
+    ) -> None:
+        self.server_name = server_name
+        self.params = params
+        self.connect_timeout = connect_timeout
+        self._owner: asyncio.Task[None] | None = None
+        self._ready: asyncio.Future[None] | None = None
+        self._stop = anyio.Event()
+        self._client: Client | None = None
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._broken = False
+        self._marker = uuid.uuid4().hex
+        self._pgid: int | None = None
+        self._connect_scope = anyio.CancelScope()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the session is connected and accepts calls."""
+        return self._client is not None and not self._broken and not self._stop.is_set()
+
+    async def start(self) -> None:
+        """Start the server (or connect to it) and complete the MCP handshake.
+
+        Raises:
+            RuntimeError: The session was already started.
+            MCPServerError: The server could not be started, refused the connection, or did not
+                answer within ``connect_timeout`` seconds.
+        """
+        if self._owner is not None:
+            raise RuntimeError(f"The session to MCP server {self.server_name!r} was already started.")
+        loop = asyncio.get_running_loop()
+        self._ready = loop.create_future()
+        self._connect_scope.deadline = anyio.current_time() + self.connect_timeout
+        self._owner = loop.create_task(self._own(), name=f"mcp-session-{self.server_name}")
+        try:
+            await asyncio.shield(self._ready)
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Close the connection and stop the server process with its whole process tree.
+
+        Calls still in flight fail with ``MCPServerError``. Idempotent.
+        """
+        self._stop.set()
+        if self._ready is not None and not self._ready.done():
+            self._connect_scope.cancel()
+        owner = self._owner
+        if owner is not None and not owner.done():
+            # Shielded so that a cancelled caller still waits for the process to be gone.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(owner)
+
+    async def call_tool(self, tool_name: str, tool_args: dict[str, Any]) -> dict[str, Any] | str | None:
+        """Call a tool and return its result.
+
+        Args:
+            tool_name: The tool's name.
+            tool_args: Its arguments.
+
+        Returns:
+            The structured content as a ``dict`` if the tool returned any, else its text content
+            joined by newlines, or ``None`` when the tool returned neither.
+
+        Raises:
+            MCPServerError: The tool reported an error (with the server's message), the server
+                answered with a protocol error, or it went away while the call was running.
+        """
+        result = await self._submit(self._call_tool, tool_name, tool_args)
+        assert isinstance(result, CallToolResult)
+        if result.is_error:
+            message = _text(result) or "the tool reported an error without a message"
+            raise MCPServerError(message, self.server_name, tool_name)
+        if result.structured_content is not None:
+            return dict(result.structured_content)
+        text = _text(result)
+        return text if text is not None else None
+
+    async def list_tools(self) -> list[Tool]:
+        """List every tool the server offers (all pages).
+
+        Raises:
+            MCPServerError: The server answered with an error or went away.
+        """
+        result = await self._submit(self._list_tools, "", {})
+        assert isinstance(result, list)
+        return result
+
+    async def _submit(self, operation: Any, tool_name: str, tool_args: dict[str, Any]) -> Any:
+        task_group = self._task_group
+        if task_group is None or not self.alive:
+            raise MCPServerError(
+                f"The session to MCP server {self.server_name!r} is closed; the tool server starts it again on "
+                "the next call.",
+                self.server_name,
+                tool_name or None,
+            )
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        scope = anyio.CancelScope()
+        task_group.start_soon(self._run_operation, operation, tool_name, tool_args, future, scope)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            scope.cancel()
+            raise
+
+    async def _run_operation(
+        self,
+        operation: Any,
+        tool_name: str,
+        tool_args: dict[str, Any],
+        future: asyncio.Future[Any],
+        scope: anyio.CancelScope,
+    ) -> None:
+        client = self._client
+        try:
+            with scope:
+                if client is None:
+                    raise MCPError(CONNECTION_CLOSED, "Connection closed")
+                result = await operation(client, tool_name, tool_args)
+                if not future.done():
+                    future.set_result(result)
+                return
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                self._mark_broken()
+                error = self._gone_error(tool_name)
+            else:
+                error = MCPServerError(
+                    f"MCP server {self.server_name!r} answered {_what(tool_name)} with an error: {exc.message}",
+                    self.server_name,
+                    tool_name or None,
+                )
+            error.__cause__ = exc
+            _fail(future, error)
+            return
+        except (OSError, httpx2.TransportError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            self._mark_broken()
+            error = self._gone_error(tool_name)
+            error.__cause__ = exc
+            _fail(future, error)
+            return
+        except Exception as exc:
+            error = MCPServerError(
+                f"{_what(tool_name).capitalize()} on MCP server {self.server_name!r} failed: {exc}",
+                self.server_name,
+                tool_name or None,
+            )
+            error.__cause__ = exc
+            _fail(future, error)
+            return
+        except BaseException:
+            # The owner's task group is being cancelled: the session is closing.
+            _fail(future, self._gone_error(tool_name))
+            raise
+        # Only reached when this call's own scope was cancelled (its caller went away).
+        _fail(future, asyncio.CancelledError())
+
+    def _gone_error(self, tool_name: str) -> MCPServerError:
+        if self._broken:
+            message = (
+                f"MCP server {self.server_name!r} went away while {_what(tool_name)} was running (it crashed, "
+                "exited or closed the connection); it is started again on the next call."
+            )
+        else:
+            message = (
+                f"The session to MCP server {self.server_name!r} was closed (reset or stop) while "
+                f"{_what(tool_name)} was running."
+            )
+        return MCPServerError(message, self.server_name, tool_name or None)
+
+    @staticmethod
+    async def _call_tool(client: Client, tool_name: str, tool_args: dict[str, Any]) -> CallToolResult:
+        return await client.call_tool(tool_name, tool_args)
+
+    @staticmethod
+    async def _list_tools(client: Client, _tool_name: str, _tool_args: dict[str, Any]) -> list[Tool]:
+        tools: list[Tool] = []
+        cursor: str | None = None
+        while True:
+            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+
+    def _mark_broken(self) -> None:
+        if not self._broken:
+            self._broken = True
+            self._stop.set()
+
+    async def _own(self) -> None:
+        assert self._ready is not None
+        ready = self._ready
+        try:
+            with self._connect_scope:
+                async with contextlib.AsyncExitStack() as stack:
+                    read_stream, write_stream = await stack.enter_async_context(self._transport())
+                    streams = _EofWatchingStream(read_stream, self._mark_broken), write_stream
+                    client = await stack.enter_async_context(Client(_EnteredTransport(streams)))
+                    task_group = await stack.enter_async_context(anyio.create_task_group())
+                    # Up and running: the connect deadline no longer applies.
+                    self._connect_scope.deadline = math.inf
+                    if isinstance(self.params, StdioParams):
+                        self._pgid = _find_process_group(self._marker)
+                    self._client, self._task_group = client, task_group
+                    ready.set_result(None)
+                    await self._stop.wait()
+                    task_group.cancel_scope.cancel()
+            if self._connect_scope.cancelled_caught and not ready.done() and not self._stop.is_set():
+                _fail(
+                    ready,
+                    MCPServerError(
+                        f"MCP server {self.server_name!r} did not answer within {self.connect_timeout:g} s "
+                        "(connect_timeout): check its parameters, or raise connect_timeout if it starts slowly.",
+                        self.server_name,
+                    ),
+                )
+        except Exception as exc:
+            if not ready.done():
+                error = MCPServerError(
+                    f"MCP server {self.server_name!r} could not be started or connected to: {_describe(exc)}",
+                    self.server_name,
+                )
+                error.__cause__ = exc
+                _fail(ready, error)
+            else:
+                logger.warning(
+                    "Session to MCP server %r ended with an error: %s", self.server_name, _describe(exc)
+                )
+        finally:
+            self._client = self._task_group = None
+            self._broken = True
+            _fail(
+                ready,
+                MCPServerError(
+                    f"The session to MCP server {self.server_name!r} was closed.", self.server_name
+                ),
+            )
+            if self._pgid is not None:
+                # The SDK stopped the server; descendants it left in its process group go too.
+                await _kill_process_group(self._pgid)
+
+    def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
+        params = self.params
+        if isinstance(params, StdioParams):
+            env = {**(params.env or {}), _SESSION_MARKER_ENV: self._marker}
+            server = StdioServerParameters(
+                command=params.command, args=list(params.args), env=env, cwd=params.cwd
+            )
+            return stdio_client(server, errlog=sys.stderr)
+        if params.transport == "sse":
+            return sse_client(params.url, headers=dict(params.headers), timeout=self.connect_timeout)
+        return _streamable_http(params.url, params.headers)
+
+
+class _EnteredTransport(contextlib.AbstractAsyncContextManager[Any]):
+    """Hands streams of a transport that the session entered itself to the SDK ``Client``."""
+
+    def __init__(self, streams: tuple[Any, Any]) -> None:
+        self._streams = streams
+
+    async def __aenter__(self) -> tuple[Any, Any]:
+        return self._streams
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        return None
+
+
+@contextlib.asynccontextmanager
+async def _streamable_http(url: str, headers: Mapping[str, str]) -> AsyncIterator[Any]:
+    async with create_mcp_http_client(headers=dict(headers)) as http_client:
+        async with streamable_http_client(url, http_client=http_client) as streams:
+            yield streams
+
+
+def _find_process_group(marker: str) -> int | None:
+    """Find the stdio server process we spawned (in its own session) by the marker in its environment."""
+    import psutil
+
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if child.environ().get(_SESSION_MARKER_ENV) == marker:
+                return int(child.pid)
+    return None
+
+
+async def _kill_process_group(pgid: int) -> None:
+    """Stop whatever is left of a stdio server's process group (descendants the server left behind)."""
+    if sys.platform == "win32":  # pragma: no cover
+        return
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    with anyio.move_on_after(_GROUP_KILL_GRACE):
+        while True:
+            try:
+                os.killpg(pgid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            await anyio.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _text(result: CallToolResult) -> str | None:
+    texts = [item.text for item in result.content if isinstance(item, TextContent)]
+    return "\n".join(texts) if texts else None
+
+
+def _what(tool_name: str) -> str:
+    return f"tool {tool_name!r}" if tool_name else "the tool listing"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    if isinstance(exc, MCPError):
+        return exc.message
+    return str(exc) or type(exc).__name__
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        if isinstance(error, asyncio.CancelledError):
+            future.cancel()
+        else:
+            future.set_exception(error)
+
+
+async def list_tools(
+    server_name: str, server_params: Mapping[str, Any], connect_timeout: float = 30
+) -> list[Tool]:
+    """Start (or connect to) an MCP server, list all its tools, and stop it again.
+
+    Args:
+        server_name: The application's name for the server (used in messages).
+        server_params: The server parameters, ``${VAR}`` placeholders included.
+        connect_timeout: Seconds the server has to start and complete the MCP handshake.
+
+    Returns:
+        The server's tools, every page.
+
+    Raises:
+        ServerParamsError: The parameters are malformed or name a variable that is not set.
+        MCPServerError: The server could not be started, did not answer in time, or failed the listing.
+    """
+    session = MCPSession(server_name, resolve_params(server_params), connect_timeout)
+    await session.start()
+    try:
+        return await session.list_tools()
+    finally:
+        await session.close()
