@@ -1,0 +1,32 @@
+"""Entry point of the gateway child process: ``python -m ipybox.kernel_mgr._gateway_main``.
+
+It runs the stock Jupyter Kernel Gateway application with two changes, both for speed:
+
+- ``jsonschema`` imports ``rfc3987_syntax`` (via nbformat) when it is installed, which
+  builds a parser at import time and costs over a second; the gateway never validates
+  IRI formats, so the import is blocked and jsonschema skips that format.
+- Tornado leaves Nagle's algorithm on for WebSockets. A kernel sends several small
+  messages per execution, and with delayed ACKs on the client each one after the first
+  waits ~40 ms. The kernel channels socket is switched to TCP_NODELAY.
+"""
+
+import sys
+from typing import Any
+
+sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None blocks the import
+
+from jupyter_server.services.kernels.websocket import KernelWebsocketHandler  # noqa: E402
+from kernel_gateway.gatewayapp import launch_instance  # noqa: E402
+
+_open = KernelWebsocketHandler.open
+
+
+async def _open_nodelay(self: KernelWebsocketHandler, *args: Any, **kwargs: Any) -> None:
+    self.set_nodelay(True)
+    await _open(self, *args, **kwargs)
+
+
+KernelWebsocketHandler.open = _open_nodelay  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    launch_instance()

@@ -1,0 +1,409 @@
+"""Create IPython kernels on a Kernel Gateway and run code in them."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import re
+import time
+import uuid
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from ipybox._errors import ExecutionError, KernelConnectionError, KernelDiedError
+
+__all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+_INTERRUPT_GRACE = 5.0
+
+
+@dataclass(frozen=True)
+class ExecutionResult:
+    """The result of code that ran to completion.
+
+    Attributes:
+        text: Everything the code printed or displayed as text, or ``None`` if nothing.
+        images: Paths of the PNG images the code displayed (e.g. matplotlib plots).
+    """
+
+    text: str | None
+    images: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class _Kernel:
+    """One kernel on the gateway with its open channels WebSocket."""
+
+    id: str
+    ws: ClientConnection
+    session: str = field(default_factory=lambda: uuid.uuid4().hex)
+    queues: dict[str, asyncio.Queue[dict[str, Any] | None]] = field(default_factory=dict)
+    receiver: asyncio.Task[None] | None = None
+    dead: bool = False
+
+
+class KernelClient:
+    """Runs code in an IPython kernel served by a `KernelGateway`.
+
+    State persists between executions: variables, imports and definitions of one
+    `execute` are there in the next. `reset()` swaps in a fresh kernel; a spare one is
+    kept warm in the background so that a reset takes milliseconds.
+
+    Example:
+        ```python
+        async with KernelClient(port=gateway.port) as client:
+            await client.execute("x = 21")
+            result = await client.execute("print(x * 2)")
+            assert result.text == "42"
+        ```
+
+    Args:
+        host: Host of the kernel gateway.
+        port: Port of the kernel gateway.
+        images_dir: Folder for PNG images displayed by code; default ``./images``.
+        ping_interval: Seconds between WebSocket pings that keep the connection alive.
+    """
+
+    def __init__(
+        self,
+        host: str = "localhost",
+        port: int = 8888,
+        images_dir: Path | None = None,
+        ping_interval: float = 10,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.images_dir = images_dir or Path("images")
+        self.ping_interval = ping_interval
+        self._http: httpx.AsyncClient | None = None
+        self._kernel: _Kernel | None = None
+        self._spare: asyncio.Task[_Kernel] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def kernel_id(self) -> str:
+        """The ID of the connected kernel.
+
+        Raises:
+            KernelConnectionError: If not connected to a kernel.
+        """
+        if self._kernel is None:
+            raise KernelConnectionError("The client is not connected to a kernel; call connect() first.")
+        return self._kernel.id
+
+    @property
+    def _base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def __aenter__(self) -> Self:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.disconnect()
+
+    async def connect(self, retries: int = 10, retry_interval: float = 1.0) -> None:
+        """Create a kernel on the gateway and connect to it.
+
+        Args:
+            retries: How many times to try before giving up.
+            retry_interval: Seconds between tries.
+
+        Raises:
+            KernelConnectionError: If no kernel could be created or reached.
+        """
+        if self._kernel is not None:
+            return
+        self._http = httpx.AsyncClient(base_url=self._base_url, timeout=httpx.Timeout(30.0, connect=5.0))
+        last_error: Exception | None = None
+        for attempt in range(max(retries, 1)):
+            try:
+                self._kernel = await self._open_kernel()
+                break
+            except (httpx.HTTPError, OSError, websockets.WebSocketException, KernelConnectionError) as exc:
+                last_error = exc
+                if attempt + 1 < retries:
+                    await asyncio.sleep(retry_interval)
+        else:
+            await self._http.aclose()
+            self._http = None
+            raise KernelConnectionError(
+                f"Could not create a kernel on the gateway at {self._base_url} after {retries} tries: "
+                f"{last_error}. Is the gateway running on that host and port?"
+            ) from last_error
+        self._spare = asyncio.create_task(self._open_kernel())
+
+    async def disconnect(self) -> None:
+        """Shut down the kernel (and the spare) and close the connection."""
+        kernel, self._kernel = self._kernel, None
+        spare, self._spare = self._spare, None
+        to_close: list[_Kernel] = [kernel] if kernel else []
+        if spare is not None:
+            if spare.done() and not spare.cancelled() and spare.exception() is None:
+                to_close.append(spare.result())
+            else:
+                spare.cancel()
+                with contextlib.suppress(BaseException):
+                    to_close.append(await spare)
+        await asyncio.gather(*(self._close_kernel(k) for k in to_close), return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def reset(self) -> None:
+        """Replace the kernel with a fresh one: all variables, imports and definitions are gone.
+
+        Raises:
+            KernelConnectionError: If no fresh kernel could be created.
+        """
+        async with self._lock:
+            old = self._kernel
+            if old is None or self._http is None:
+                raise KernelConnectionError("The client is not connected to a kernel; call connect() first.")
+            spare = self._spare
+            self._spare = None
+            new: _Kernel | None = None
+            if spare is not None:
+                try:
+                    new = await spare
+                except Exception:
+                    new = None
+            if new is None or new.dead:
+                new = await self._open_kernel()
+            self._kernel = new
+            self._spare = asyncio.create_task(self._open_kernel())
+            asyncio.create_task(self._close_kernel(old))  # noqa: RUF006  # old kernel closes in background
+
+    async def execute(self, code: str, timeout: float = 120) -> ExecutionResult:
+        """Run code and return its complete result.
+
+        Args:
+            code: Python code; top-level ``await`` works.
+            timeout: Seconds the execution may take.
+
+        Returns:
+            The output text and images.
+
+        Raises:
+            ExecutionError: If the code raised (with ``ename``, ``evalue``, ``traceback``).
+            KernelDiedError: If the kernel died while running the code.
+            TimeoutError: If the code ran longer than `timeout`; the kernel is
+                interrupted, keeps its state and stays usable.
+        """
+        async with contextlib.aclosing(self.stream(code, timeout=timeout)) as items:
+            async for item in items:
+                if isinstance(item, ExecutionResult):
+                    return item
+        raise AssertionError("stream() always ends with an ExecutionResult")  # pragma: no cover
+
+    async def stream(self, code: str, timeout: float = 120) -> AsyncGenerator[str | ExecutionResult, None]:
+        """Run code, yielding output text as it arrives and then the `ExecutionResult`.
+
+        Args:
+            code: Python code; top-level ``await`` works.
+            timeout: Seconds the execution may take.
+
+        Yields:
+            Output chunks (``str``) while the code runs, then one `ExecutionResult`.
+
+        Raises:
+            ExecutionError: If the code raised (with ``ename``, ``evalue``, ``traceback``).
+            KernelDiedError: If the kernel died while running the code.
+            TimeoutError: If the code ran longer than `timeout`; the kernel is
+                interrupted, keeps its state and stays usable.
+        """
+        async with self._lock:
+            kernel = self._kernel
+            if kernel is None:
+                raise KernelConnectionError("The client is not connected to a kernel; call connect() first.")
+            if kernel.dead:
+                raise KernelDiedError(
+                    "The kernel has died and lost its state; call reset() to start a fresh one.",
+                    ename="KernelDied",
+                )
+            msg_id = uuid.uuid4().hex
+            queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+            kernel.queues[msg_id] = queue
+            try:
+                await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
+                async for item in self._collect(kernel, queue, time.monotonic() + timeout, timeout):
+                    yield item
+            finally:
+                kernel.queues.pop(msg_id, None)
+
+    async def _collect(
+        self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
+    ) -> AsyncGenerator[str | ExecutionResult, None]:
+        chunks: list[str] = []
+        images: list[Path] = []
+        error: dict[str, Any] | None = None
+        idle = replied = False
+        while not (idle and replied):
+            try:
+                async with asyncio.timeout_at(_loop_time(deadline)):
+                    msg = await queue.get()
+            except TimeoutError:
+                await self._interrupt(kernel, queue)
+                raise TimeoutError(
+                    f"The execution did not finish within {timeout:g} s; it was interrupted and "
+                    "the kernel kept its state."
+                ) from None
+            if msg is None:
+                raise KernelDiedError(
+                    "The kernel died while running the code and lost its state; call reset() to start "
+                    "a fresh one.",
+                    ename="KernelDied",
+                )
+            msg_type = msg["msg_type"]
+            content = msg["content"]
+            if msg_type == "execute_reply":
+                replied = True
+                if content.get("status") == "error" and error is None:
+                    error = content
+            elif msg_type == "status":
+                idle = content.get("execution_state") == "idle"
+            elif msg_type == "stream":
+                text = _ANSI.sub("", content.get("text", ""))
+                chunks.append(text)
+                yield text
+            elif msg_type in ("execute_result", "display_data"):
+                data = content.get("data", {})
+                if "image/png" in data:
+                    images.append(self._save_image(data["image/png"]))
+                elif "text/plain" in data:
+                    text = _ANSI.sub("", data["text/plain"]) + "\n"
+                    chunks.append(text)
+                    yield text
+            elif msg_type == "error":
+                error = content
+        if error is not None:
+            ename = error.get("ename", "")
+            evalue = error.get("evalue", "")
+            traceback = _ANSI.sub("", "\n".join(error.get("traceback", [])))
+            raise ExecutionError(
+                traceback or f"{ename}: {evalue}", ename=ename, evalue=evalue, traceback=traceback
+            )
+        text = "".join(chunks).strip("\n")
+        yield ExecutionResult(text=text or None, images=images)
+
+    async def _interrupt(self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None]) -> None:
+        """Interrupt the kernel and wait briefly until it is idle again."""
+        assert self._http is not None
+        with contextlib.suppress(httpx.HTTPError):
+            await self._http.post(f"/api/kernels/{kernel.id}/interrupt")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_INTERRUPT_GRACE):
+                while True:
+                    msg = await queue.get()
+                    if msg is None or (
+                        msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle"
+                    ):
+                        return
+
+    def _save_image(self, b64: str) -> Path:
+        self.images_dir.mkdir(parents=True, exist_ok=True)
+        path = (self.images_dir / f"{uuid.uuid4().hex[:12]}.png").absolute()
+        path.write_bytes(base64.b64decode(b64))
+        return path
+
+    async def _open_kernel(self) -> _Kernel:
+        assert self._http is not None
+        # Sending "env" makes the gateway give the kernel only PATH plus the variables
+        # the KernelGateway whitelisted, never the gateway's whole environment.
+        response = await self._http.post("/api/kernels", json={"env": {}})
+        if response.status_code != 201:
+            raise KernelConnectionError(
+                f"The gateway refused to create a kernel (HTTP {response.status_code}): {response.text}"
+            )
+        kernel_id = response.json()["id"]
+        try:
+            ws = await websockets.connect(
+                f"ws://{self.host}:{self.port}/api/kernels/{kernel_id}/channels",
+                max_size=None,
+                ping_interval=self.ping_interval,
+                compression=None,
+            )
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._http.delete(f"/api/kernels/{kernel_id}")
+            raise
+        kernel = _Kernel(id=kernel_id, ws=ws)
+        kernel.receiver = asyncio.create_task(self._receive(kernel))
+        return kernel
+
+    async def _close_kernel(self, kernel: _Kernel) -> None:
+        if kernel.receiver is not None:
+            kernel.receiver.cancel()
+        with contextlib.suppress(Exception):
+            await kernel.ws.close()
+        if self._http is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                await self._http.delete(f"/api/kernels/{kernel.id}")
+
+    async def _receive(self, kernel: _Kernel) -> None:
+        """Route every message from the kernel to the execution it belongs to."""
+        try:
+            async for raw in kernel.ws:
+                msg = json.loads(raw)
+                msg_type = msg.get("msg_type") or msg.get("header", {}).get("msg_type")
+                msg["msg_type"] = msg_type
+                if msg_type == "status" and msg["content"].get("execution_state") in ("restarting", "dead"):
+                    self._kernel_died(kernel)
+                    continue
+                parent = msg.get("parent_header", {}).get("msg_id")
+                queue = kernel.queues.get(parent) if parent else None
+                if queue is not None:
+                    queue.put_nowait(msg)
+        except websockets.ConnectionClosed:
+            pass
+        self._kernel_died(kernel)
+
+    @staticmethod
+    def _kernel_died(kernel: _Kernel) -> None:
+        kernel.dead = True
+        for queue in kernel.queues.values():
+            queue.put_nowait(None)
+
+
+def _execute_request(session: str, msg_id: str, code: str) -> str:
+    return json.dumps(
+        {
+            "header": {
+                "msg_id": msg_id,
+                "msg_type": "execute_request",
+                "username": "ipybox",
+                "session": session,
+                "version": "5.3",
+                "date": "",
+            },
+            "parent_header": {},
+            "metadata": {},
+            "content": {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+            "channel": "shell",
+            "buffers": [],
+        }
+    )
+
+
+def _loop_time(deadline: float) -> float:
+    """Convert a `time.monotonic()` deadline to the running loop's clock."""
+    return asyncio.get_running_loop().time() + (deadline - time.monotonic())

@@ -1,0 +1,252 @@
+"""Run a Jupyter Kernel Gateway as a child process."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import httpx
+import psutil
+
+from ipybox._errors import GatewayError, SandboxUnavailableError
+
+_LOG_TAIL_LINES = 40
+
+
+def free_port(host: str = "localhost") -> int:
+    """Return a TCP port on `host` that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class KernelGateway:
+    """A Jupyter Kernel Gateway running as a child process of the application.
+
+    The gateway serves the REST and WebSocket API that `KernelClient` uses to create
+    IPython kernels and run code in them. Kernels do not inherit the application's
+    environment: they get exactly ``PATH`` plus the variables in `env`.
+
+    Example:
+        ```python
+        async with KernelGateway(port=0) as gateway:
+            async with KernelClient(port=gateway.port) as client:
+                result = await client.execute("print(1 + 1)")
+        ```
+
+    Args:
+        host: Host name or address the gateway binds to.
+        port: Port the gateway listens on; ``None`` or ``0`` picks a free one (read it
+            from `port` after `start()`).
+        sandbox: Run the gateway inside Anthropic's sandbox-runtime (not available yet).
+        sandbox_config: Path of a sandbox-runtime settings file (not available yet).
+        log_level: Log level of the gateway process.
+        log_to_stderr: Forward the gateway's log lines to this process's stderr. Either
+            way the last lines are kept and reported if the gateway fails.
+        env: Environment variables for the kernels the gateway starts.
+    """
+
+    def __init__(
+        self,
+        host: str = "localhost",
+        port: int | None = 8888,
+        sandbox: bool = False,
+        sandbox_config: Path | None = None,
+        log_level: str = "INFO",
+        log_to_stderr: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port or 0
+        self.sandbox = sandbox
+        self.sandbox_config = sandbox_config
+        self.log_level = log_level.upper()
+        self.log_to_stderr = log_to_stderr
+        self.env = dict(env or {})
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._log_tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
+        self._announced = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        """Base HTTP URL of the gateway."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """Whether the gateway process is alive."""
+        return self._process is not None and self._process.returncode is None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self, timeout: float = 60) -> None:
+        """Start the gateway and wait until it answers HTTP requests.
+
+        Args:
+            timeout: Seconds to wait for the gateway to answer.
+
+        Raises:
+            GatewayError: If the gateway is already running, exits during start (for
+                example because the port is in use), or does not answer in time. The
+                message includes the gateway's last lines of output.
+            SandboxUnavailableError: If ``sandbox=True`` (not available yet).
+        """
+        if self._process is not None:
+            raise GatewayError("The kernel gateway is already running; call stop() before start().")
+        if self.sandbox:
+            raise SandboxUnavailableError(
+                "Sandboxing the kernel gateway is not available yet in this version of ipybox; "
+                "start it with sandbox=False."
+            )
+        if self.port == 0:
+            self.port = free_port(self.host)
+        self._log_tail.clear()
+        self._announced = asyncio.Event()
+        self._process = await asyncio.create_subprocess_exec(
+            *self._command(),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=self._gateway_env(),
+        )
+        self._reader = asyncio.create_task(self._read_output(self._process))
+        try:
+            await self._wait_ready(timeout)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self, timeout: float = 10) -> None:
+        """Stop the gateway and every kernel it started.
+
+        Processes are asked to terminate, and killed if they are still alive after
+        `timeout` seconds. Calling `stop()` on a stopped gateway does nothing.
+
+        Args:
+            timeout: Seconds to wait for a graceful exit before killing.
+        """
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            await asyncio.shield(_terminate_tree(process, timeout))
+        finally:
+            if self._reader is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(self._reader, 1)
+                self._reader = None
+
+    async def join(self) -> None:
+        """Wait until the gateway process exits."""
+        if self._process is not None:
+            await self._process.wait()
+
+    def _command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "ipybox.kernel_mgr._gateway_main",
+            f"--KernelGatewayApp.ip={self.host}",
+            f"--KernelGatewayApp.port={self.port}",
+            "--KernelGatewayApp.port_retries=0",
+            f"--KernelGatewayApp.log_level={self.log_level}",
+            "--JupyterWebsocketPersonality.list_kernels=True",
+            # Agents read all output; the notebook's output throttling would drop some.
+            "--ZMQChannelsWebsocketConnection.limit_rate=False",
+        ]
+
+    def _gateway_env(self) -> dict[str, str]:
+        env = {**os.environ, **self.env}
+        # The gateway hands a kernel PATH plus the variables whitelisted here, and only
+        # when the create request carries an "env" object (KernelClient always sends one).
+        env["KG_ENV_PROCESS_WHITELIST"] = ",".join(self.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    async def _read_output(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self._log_tail.append(line)
+            if "is available at" in line:
+                self._announced.set()
+            if self.log_to_stderr:
+                print(line, file=sys.stderr, flush=True)
+
+    def _failure(self, what: str) -> GatewayError:
+        tail = "\n".join(self._log_tail) or "(no output)"
+        return GatewayError(f"{what}\nLast lines of the gateway's output:\n{tail}")
+
+    async def _wait_ready(self, timeout: float) -> None:
+        process = self._process
+        assert process is not None
+        deadline = time.monotonic() + timeout
+        async with httpx.AsyncClient(timeout=1.0) as http:
+            while True:
+                if process.returncode is not None or (self._reader is not None and self._reader.done()):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(process.wait(), 2)
+                    if self._reader is not None:
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(self._reader, 1)
+                    raise self._failure(
+                        f"The kernel gateway exited during start (exit code {process.returncode}) "
+                        f"on {self.host}:{self.port}; if the port is in use, choose another or pass port=None."
+                    )
+                try:
+                    response = await http.get(f"{self.url}/api")
+                    if response.status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise self._failure(
+                        f"The kernel gateway did not answer on {self.url} within {timeout:g} s."
+                    )
+                # The gateway logs a line once it listens; until then, re-check now and then
+                # in case its log level hides that line.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._announced.wait(), 0.25)
+
+
+async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -> None:
+    """Terminate `process` and all its descendants; kill what outlives `timeout`."""
+    try:
+        descendants = psutil.Process(process.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        descendants = []
+    # Kernels are terminated together with the gateway rather than left to its own
+    # shutdown, which waits for each kernel in turn.
+    for proc in descendants:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    # The gateway is our child: asyncio reaps it. Its descendants are only polled.
+    try:
+        await asyncio.wait_for(process.wait(), timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+    _, alive = await asyncio.to_thread(psutil.wait_procs, descendants, timeout=min(timeout, 5))
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()

@@ -1,0 +1,67 @@
+import socket
+
+import httpx
+import psutil
+import pytest
+
+from ipybox._errors import GatewayError, SandboxUnavailableError
+from ipybox.kernel_mgr.client import KernelClient
+from ipybox.kernel_mgr.server import KernelGateway
+
+
+async def test_gateway_picks_a_free_port_and_answers() -> None:
+    async with KernelGateway(port=None) as gateway:
+        assert gateway.port > 0
+        async with httpx.AsyncClient() as http:
+            response = await http.get(f"{gateway.url}/api")
+        assert response.status_code == 200
+
+
+async def test_kernels_do_not_inherit_the_application_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("IPYBOX_PARENT_SECRET", "do-not-leak")
+    async with KernelGateway(port=None, env={"ONLY_THIS": "yes"}) as gateway:
+        async with KernelClient(port=gateway.port) as client:
+            result = await client.execute(
+                "import os\nprint(os.environ.get('IPYBOX_PARENT_SECRET'), os.environ.get('ONLY_THIS'))"
+            )
+    assert result.text == "None yes"
+
+
+async def test_stop_ends_the_gateway_and_all_its_kernels() -> None:
+    gateway = KernelGateway(port=None)
+    await gateway.start()
+    async with KernelClient(port=gateway.port) as client:
+        await client.execute("x = 1")
+        assert gateway._process is not None
+        tree = psutil.Process(gateway._process.pid).children(recursive=True)
+        tree.append(psutil.Process(gateway._process.pid))
+        assert len(tree) >= 3  # gateway, kernel and spare kernel
+        await gateway.stop()
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    await gateway.stop()  # idempotent
+
+
+async def test_a_port_in_use_fails_with_the_gateway_output() -> None:
+    with socket.socket() as blocker:
+        blocker.bind(("localhost", 0))
+        blocker.listen()
+        port = blocker.getsockname()[1]
+        gateway = KernelGateway(port=port)
+        with pytest.raises(GatewayError, match="exited during start") as info:
+            await gateway.start()
+    assert "Last lines of the gateway's output" in str(info.value)
+    assert "no available port" in str(info.value)
+    assert not gateway.running
+
+
+async def test_starting_twice_raises() -> None:
+    async with KernelGateway(port=None) as gateway:
+        with pytest.raises(GatewayError, match="already running"):
+            await gateway.start()
+
+
+async def test_sandbox_is_reported_as_not_available_yet() -> None:
+    gateway = KernelGateway(port=None, sandbox=True)
+    with pytest.raises(SandboxUnavailableError, match="not available yet"):
+        await gateway.start()
+    assert not gateway.running
