@@ -23,7 +23,7 @@ _open = KernelWebsocketHandler.open
 
 async def _open_nodelay(self: KernelWebsocketHandler, *args: Any, **kwargs: Any) -> None:
     self.set_nodelay(True)
-    await _open(self, *args, **kwargs)
+    await _open(self, *args, **kwargs)  # type: ignore[no-untyped-call]  # jupyter_server is untyped here
 
 
 KernelWebsocketHandler.open = _open_nodelay  # type: ignore[method-assign]

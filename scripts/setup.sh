@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs what ipybox needs on a fresh machine: uv, then the locked Python environment.
+# Safe to run again; README commands and .ci/run both call it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if ! command -v uv >/dev/null 2>&1; then
+    python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv
+    export PATH="$HOME/.local/bin:$PATH"
+fi
+uv sync --frozen --quiet

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Runs every check CI runs: formatting, lint, types, then the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export PATH="$HOME/.local/bin:$PATH"
+
+uv run --frozen ruff format --check src tests benchmarks examples
+uv run --frozen ruff check src tests benchmarks examples
+uv run --frozen mypy
+uv run --frozen pytest "$@"
