@@ -79,9 +79,10 @@ async def fig_execute(args: argparse.Namespace) -> dict[str, Any]:
 
     runs = 60 if args.quick else 300
     port = free_port()
-    async with KernelGateway(port=port, log_level="WARNING"), KernelClient(
-        port=port, images_dir=Path("images")
-    ) as client:
+    async with (
+        KernelGateway(port=port, log_level="WARNING"),
+        KernelClient(port=port, images_dir=Path("images")) as client,
+    ):
         for _ in range(10):
             await client.execute(TRIVIAL)
         samples = [ms(await timed(lambda: client.execute(TRIVIAL))) for _ in range(runs)]
@@ -124,9 +125,10 @@ async def fig_reset(args: argparse.Namespace) -> dict[str, Any]:
 
     port = free_port()
     samples = []
-    async with KernelGateway(port=port, log_level="WARNING"), KernelClient(
-        port=port, images_dir=Path("images")
-    ) as client:
+    async with (
+        KernelGateway(port=port, log_level="WARNING"),
+        KernelClient(port=port, images_dir=Path("images")) as client,
+    ):
         await client.execute(TRIVIAL)
         for _ in range(runs):
             # An agent works between two resets; the gap stands for that work and is not timed.
@@ -152,13 +154,32 @@ async def fig_executor_start(args: argparse.Namespace) -> dict[str, Any]:
     return summary(samples)
 
 
+async def fig_executor_reset(args: argparse.Namespace) -> dict[str, Any]:
+    from ipybox import CodeExecutor
+
+    runs = 4 if args.quick else 10
+
+    async def reset_then_execute() -> None:
+        await executor.reset()
+        await executor.execute(TRIVIAL)
+
+    samples = []
+    async with CodeExecutor(images_dir=Path("images")) as executor:
+        await executor.execute(TRIVIAL)
+        for _ in range(runs):
+            await asyncio.sleep(args.reset_gap)
+            samples.append(ms(await timed(reset_then_execute)))
+    return {**summary(samples), "gap_s": args.reset_gap}
+
+
 # --- tool layer ---------------------------------------------------------------------------
 
 
 async def tool_calls(args: argparse.Namespace, approval: bool) -> dict[str, Any]:
-    from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
     from ipybox.tool_exec.client import ToolRunner
     from ipybox.tool_exec.server import ToolServer
+
+    from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
 
     runs = 60 if args.quick else 300
     port = free_port()
@@ -261,6 +282,7 @@ FIGURES: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = 
     "start": fig_start,
     "reset": fig_reset,
     "executor_start": fig_executor_start,
+    "executor_reset": fig_executor_reset,
     "tool_call": fig_tool_call,
     "approval_call": fig_approval_call,
     "apigen": fig_apigen,
@@ -318,8 +340,11 @@ def main() -> int:
         result = asyncio.run(FIGURES[args.figure](args))
     except BaseException as exc:
         leaked = reap_leftovers()
-        text = str(exc).strip()
-        message = f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        # First line says what failed; for multi-line messages (a gateway's own output) the
+        # last line usually says why.
+        detail = lines[0] if len(lines) < 2 else f"{lines[0]} ... {lines[-1]}"
+        message = f"{type(exc).__name__}: {detail}" if lines else type(exc).__name__
         traceback.print_exc(file=sys.stderr)
         emit("BENCH_ERROR", {"figure": args.figure, "error": message, "leaked_processes": leaked})
         return 1

@@ -1,0 +1,249 @@
+"""Measure ipybox beside the reference package ipybox 0.7.1, figure by figure, in one run.
+
+For each figure, `benchmarks/workload.py` runs once under the reference environment's
+interpreter (`.bench/ref`, made by `benchmarks/setup_reference.sh`) and once under the
+project's (`.venv`), one after the other on the same machine. The table shows both medians,
+their ratio (ours / reference) and the target ratio from ARCHITECTURE.md. A figure that
+fails on one side shows `n/a` and the error's first line; the run goes on.
+
+Usage (from the repository root, with the project's interpreter):
+    uv run python benchmarks/run.py [--only execute,start] [--quick] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+WORKLOAD = REPO / "benchmarks" / "workload.py"
+REF_VENV = REPO / ".bench" / "ref"
+OUR_VENV = REPO / ".venv"
+LOG_DIR = REPO / ".bench" / "logs"
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    description: str
+    target: float
+
+
+FIGURES = [
+    Figure("execute", 'KernelClient.execute("x = 1"), median', 0.1),
+    Figure("start", "KernelGateway start to first result", 0.4),
+    Figure("reset", "KernelClient.reset() to next result", 0.15),
+    Figure("executor_start", "CodeExecutor start to first result", 0.4),
+    Figure("executor_reset", "CodeExecutor.reset() to next result", 0.15),
+    Figure("tool_call", "ToolRunner.run_sync, auto-approved", 0.3),
+    Figure("approval_call", "ToolRunner.run_sync, approval round trip", 0.4),
+    Figure("apigen", "generate_mcp_sources, 100 nested tools", 0.2),
+    Figure("memory", "CodeExecutor process tree, idle (PSS)", 1.0),
+]
+BY_NAME = {figure.name: figure for figure in FIGURES}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one workload run produced: a result, or the first line of its error."""
+
+    result: dict[str, Any] | None
+    error: str | None
+    seconds: float
+
+
+def side_env(venv: Path, state_dir: str, extra_path: Path | None) -> dict[str, str]:
+    """The environment for one side: its own venv first on PATH, nothing of the other side's.
+
+    The gateway and kernels of either package may look up executables on PATH, and `uv run`
+    puts the project's venv there: each side gets exactly its own.
+    """
+    env = dict(os.environ)
+    parts = [p for p in env.get("PATH", "").split(os.pathsep) if p and not p.startswith(str(REPO))]
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), *parts])
+    env["VIRTUAL_ENV"] = str(venv)
+    env.pop("PYTHONPATH", None)
+    env.pop("PYTHONHOME", None)
+    if extra_path is not None:
+        env["PYTHONPATH"] = str(extra_path)
+    # generate_mcp_sources of this project records servers in a registry under this folder;
+    # a throwaway one keeps the benchmark out of the user's state.
+    env["IPYBOX_STATE_DIR"] = state_dir
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run_workload(
+    side: str, python: Path, venv: Path, figure: str, args: argparse.Namespace, extra_path: Path | None
+) -> Outcome:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    log_path = LOG_DIR / f"{figure}-{side}.log"
+    cmd = [str(python), str(WORKLOAD), figure, "--mcp-python", str(args.mcp_python)]
+    cmd += ["--reset-gap", str(args.reset_gap)]
+    if args.quick:
+        cmd.append("--quick")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ipybox-bench-state-") as state_dir, log_path.open("w") as log:
+        env = side_env(venv, state_dir, extra_path)
+        # A session of its own, so a run that hangs can be ended with everything it started.
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=log, env=env, cwd=REPO, text=True, start_new_session=True
+        )
+        try:
+            stdout, _ = proc.communicate(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            stdout, _ = proc.communicate()
+            log.write(stdout)
+            return Outcome(None, f"timed out after {args.timeout:.0f} s (log: {log_path})", args.timeout)
+        log.write("\n--- stdout ---\n" + stdout)
+    seconds = time.perf_counter() - start
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("BENCH_RESULT "):
+            return Outcome(json.loads(line.removeprefix("BENCH_RESULT ")), None, seconds)
+        if line.startswith("BENCH_ERROR "):
+            payload = json.loads(line.removeprefix("BENCH_ERROR "))
+            return Outcome(None, str(payload["error"]), seconds)
+    tail = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    last = tail[-1] if tail else "no output"
+    return Outcome(None, f"exit code {proc.returncode}: {last.strip()[:200]} (log: {log_path})", seconds)
+
+
+def fmt_value(result: dict[str, Any] | None) -> str:
+    if result is None:
+        return "n/a"
+    value = float(result["value"])
+    if result["unit"] == "MB":
+        return f"{value:.0f} MB (RSS {float(result['rss_mb']):.0f})"
+    if value >= 1000:
+        return f"{value / 1000:.2f} s"
+    if value >= 100:
+        return f"{value:.0f} ms"
+    return f"{value:.2f} ms" if value < 10 else f"{value:.1f} ms"
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = ["figure", "reference 0.7.1", "ipybox (ours)", "ratio", "target", "met?"]
+    body = [
+        [
+            row["figure"],
+            fmt_value(row["reference"]),
+            fmt_value(row["ours"]),
+            "n/a" if row["ratio"] is None else f"{row['ratio']:.3f}x",
+            f"<= {row['target']}x",
+            {True: "yes", False: "NO", None: "-"}[row["met"]],
+        ]
+        for row in rows
+    ]
+    widths = [max(len(str(line[i])) for line in [header, *body]) for i in range(len(header))]
+    print()
+    print(" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+    print("-+-".join("-" * w for w in widths))
+    for line in body:
+        print(" | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=True)))
+    notes = [
+        f"  {row['figure']} ({side}): {row[side + '_error']}"
+        for row in rows
+        for side in ("reference", "ours")
+        if row[side + "_error"]
+    ]
+    leaks = [
+        f"  {row['figure']} ({side}): {row[side]['leaked_processes']} process(es) outlived stop() and were killed"
+        for row in rows
+        for side in ("reference", "ours")
+        if row[side] and row[side].get("leaked_processes")
+    ]
+    if notes:
+        print("\nerrors:")
+        print("\n".join(notes))
+    if leaks:
+        print("\nleftover processes:")
+        print("\n".join(leaks))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="ipybox vs reference ipybox 0.7.1, side by side.")
+    parser.add_argument("--only", default="", help="comma-separated figures: " + ",".join(BY_NAME))
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (for development)")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed for one workload run")
+    parser.add_argument("--reset-gap", type=float, default=2.0, help="idle seconds before each timed reset")
+    parser.add_argument("--ref-python", type=Path, default=REF_VENV / "bin" / "python")
+    parser.add_argument("--ours-python", type=Path, default=OUR_VENV / "bin" / "python")
+    parser.add_argument(
+        "--mcp-python",
+        type=Path,
+        default=OUR_VENV / "bin" / "python",
+        help="interpreter that runs the benchmark MCP servers for both sides (mcp 2.x)",
+    )
+    args = parser.parse_args()
+
+    names = [n.strip() for n in args.only.split(",") if n.strip()] or list(BY_NAME)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        parser.error(f"unknown figure(s) {', '.join(unknown)}; choose from {', '.join(BY_NAME)}")
+    if not args.ref_python.exists():
+        parser.error(f"{args.ref_python} is missing: run `bash benchmarks/setup_reference.sh` first")
+
+    load = os.getloadavg()
+    print(
+        f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, "
+        f"Python {platform.python_version()}; {'quick' if args.quick else 'full'} run"
+    )
+    if load[0] > (os.cpu_count() or 1) * 0.5:
+        print("note: the machine is busy; timings will be noisy")
+
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        figure = BY_NAME[name]
+        outcomes: dict[str, Outcome] = {}
+        for side, python, venv, extra in (
+            ("reference", args.ref_python, REF_VENV, None),
+            # The project is imported from src/ directly, whatever state its editable install is in.
+            ("ours", args.ours_python, OUR_VENV, REPO / "src"),
+        ):
+            print(f"{name:<15} {side:<10} ...", end="", flush=True)
+            outcome = run_workload(side, python, venv, name, args, extra)
+            shown = fmt_value(outcome.result) if outcome.result else f"n/a ({outcome.error})"
+            print(f" {shown}  [{outcome.seconds:.0f} s]", flush=True)
+            outcomes[side] = outcome
+        ref, ours = outcomes["reference"].result, outcomes["ours"].result
+        ratio = float(ours["value"]) / float(ref["value"]) if ref and ours and ref["value"] else None
+        rows.append(
+            {
+                "figure": name,
+                "description": figure.description,
+                "reference": ref,
+                "ours": ours,
+                "reference_error": outcomes["reference"].error,
+                "ours_error": outcomes["ours"].error,
+                "ratio": ratio,
+                "target": figure.target,
+                "met": None if ratio is None else ratio <= figure.target,
+            }
+        )
+
+    print_table(rows)
+    if args.json:
+        args.json.write_text(
+            json.dumps({"quick": args.quick, "load_average": load, "figures": rows}, indent=2) + "\n"
+        )
+        print(f"\nresults written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
