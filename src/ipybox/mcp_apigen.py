@@ -1,0 +1,142 @@
+"""Generate a typed Python API (one module per tool) from the tool schemas of an MCP server.
+
+:func:`generate_mcp_sources` lists a server's tools and writes ``root_dir/<server_name>/``:
+an ``__init__.py`` whose docstring lists the tools, and one module per tool with
+
+- ``Params``: a Pydantic v2 model of the tool's input schema (nested models for nested
+  objects, ``Literal`` for enums, ``X | None`` for optional and nullable values, field aliases
+  for property names that are not Python identifiers);
+- ``Result``: a model of the tool's output schema, when the tool declares one (nested classes
+  of the output side are prefixed ``Result`` so they never collide with the input side's);
+- ``run(params: Params) -> Result | str``: calls the tool through the tool server, documented
+  with the tool's description.
+
+``run`` sends ``params.model_dump(mode="json", by_alias=True, exclude_none=True)``: agents pass
+``None`` to mean "not given" far more often than they mean an explicit JSON ``null``, and most
+servers reject ``null`` for a parameter that is merely optional. The price is that an explicit
+``null`` cannot be sent; schema defaults are sent explicitly (so an approver sees them).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio.to_thread
+
+from ipybox import _codegen
+from ipybox._errors import ApiGenerationError, ServerParamsError
+
+if TYPE_CHECKING:
+    from mcp.types import Tool
+
+__all__ = ["generate_mcp_sources"]
+
+logger = logging.getLogger(__name__)
+
+
+async def generate_mcp_sources(
+    server_name: str,
+    server_params: dict[str, Any],
+    root_dir: Path | str,
+    *,
+    connect_timeout: float = 30,
+) -> list[str]:
+    """Generate a typed Python tool API for an MCP server.
+
+    Connects to the server (stdio, streamable HTTP or SSE, with ``${VAR}`` placeholders
+    replaced from the environment or ``.env``), lists its tools, removes
+    ``root_dir/<server_name>/`` if it exists and writes the package anew. The server is
+    recorded in the tool server's trusted registry under ``server_name`` (placeholders
+    unresolved); the generated files hold neither the parameters nor any secret.
+
+    A tool whose schema cannot be compiled is left out and named in a warning logged on
+    ``ipybox.mcp_apigen``; the other tools are generated. Module names follow the tool
+    names (see ``ARCHITECTURE.md``); names that collide get a suffix ``_2``, ``_3``, ...
+
+    Args:
+        server_name: Name of the generated package and of the server for the tool server;
+            must be an ASCII Python identifier that is not a keyword.
+        server_params: MCP server parameters: ``{"command", "args", "env", "cwd"}`` for a
+            stdio server, ``{"url", "headers", "type"}`` for an HTTP server.
+        root_dir: Directory the package is written into (created if missing).
+        connect_timeout: Seconds the server has to start and answer the listing.
+
+    Returns:
+        The names of the generated tool modules, sorted (``[]`` if the server has no tools).
+
+    Raises:
+        ServerParamsError: ``server_name`` is not a valid package name, or the parameters are
+            malformed or name an environment variable that is not set.
+        MCPServerError: The server could not be started or reached, or did not answer in time.
+        ApiGenerationError: The package could not be written.
+    """
+    if not isinstance(server_name, str) or not _codegen.is_identifier(server_name):
+        raise ServerParamsError(
+            f"server_name {server_name!r} cannot name a Python package: use ASCII letters, digits and "
+            "underscores, not starting with a digit and not a Python keyword (e.g. 'brave_search')."
+        )
+    # Imported here: the MCP SDK is a heavy import that only generation needs.
+    from ipybox.tool_exec._mcp import list_tools
+    from ipybox.tool_exec._registry import ServerRegistry
+
+    tools = await list_tools(server_name, server_params, connect_timeout=connect_timeout)
+    await anyio.to_thread.run_sync(ServerRegistry().register, server_name, server_params)
+    return await anyio.to_thread.run_sync(_write_package, server_name, tools, Path(root_dir))
+
+
+def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> list[str]:
+    sources = render_sources(server_name, tools)
+    try:
+        root_dir.mkdir(parents=True, exist_ok=True)
+        # Written next to the target and swapped in, so a failure never leaves half a package.
+        staging = Path(tempfile.mkdtemp(prefix=f".{server_name}.", dir=root_dir))
+        try:
+            for module, code in sources.items():
+                (staging / f"{module}.py").write_text(code, encoding="utf-8")
+            target = root_dir / server_name
+            if target.is_symlink() or target.is_file():
+                target.unlink()
+            elif target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    except OSError as exc:
+        raise ApiGenerationError(
+            f"Could not write the package for MCP server {server_name!r} to {root_dir / server_name}: {exc}"
+        ) from exc
+    return sorted(module for module in sources if module != "__init__")
+
+
+def render_sources(server_name: str, tools: Sequence[Tool]) -> dict[str, str]:
+    """Source code of a server's package, without touching the file system.
+
+    Args:
+        server_name: The package name (already checked to be an identifier).
+        tools: The server's tools as the MCP SDK lists them.
+
+    Returns:
+        A mapping of module name (``"__init__"`` included) to source code; tools whose schema
+        cannot be compiled are missing, and each is named in a logged warning.
+    """
+    names = _codegen.module_names([tool.name for tool in tools])
+    sources: dict[str, str] = {}
+    entries: list[tuple[str, str, str | None]] = []
+    for module, tool in zip(names, tools, strict=True):
+        try:
+            sources[module] = _codegen.render_tool_module(
+                server_name, tool.name, tool.description, tool.input_schema, tool.output_schema, tool.title
+            )
+        except _codegen.SchemaError as exc:
+            logger.warning("Tool %r of MCP server %r was not generated: %s.", tool.name, server_name, exc)
+            continue
+        entries.append((module, tool.name, tool.description))
+    sources["__init__"] = _codegen.render_package_init(server_name, entries)
+    return sources
