@@ -65,6 +65,7 @@ _MODULE_NAMES = frozenset(
         "dict",
         "float",
         "int",
+        "json",
         "list",
         "run",
         "run_tool",
@@ -815,6 +816,7 @@ def _render_class(cls: _Class, reserved: set[str]) -> str:
 
 _HEADER = """from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -907,7 +909,7 @@ def render_tool_module(
     if output_schema is not None:
         parts.append("    return Result.model_validate(result)")
     else:
-        parts.append("    return result if isinstance(result, str) else str(result)")
+        parts.append("    return result if isinstance(result, str) else json.dumps(result)")
     if rebuild:
         parts.append("")
         parts.append("")

@@ -74,7 +74,8 @@ async def generate_mcp_sources(
         ServerParamsError: ``server_name`` is not a valid package name, or the parameters are
             malformed or name an environment variable that is not set.
         MCPServerError: The server could not be started or reached, or did not answer in time.
-        ApiGenerationError: The package could not be written.
+        ApiGenerationError: The package could not be written, or the server could not be recorded
+            in the registry.
     """
     if not isinstance(server_name, str) or not _codegen.is_identifier(server_name):
         raise ServerParamsError(
@@ -86,7 +87,14 @@ async def generate_mcp_sources(
     from ipybox.tool_exec._registry import ServerRegistry
 
     tools = await list_tools(server_name, server_params, connect_timeout=connect_timeout)
-    await anyio.to_thread.run_sync(ServerRegistry().register, server_name, server_params)
+    try:
+        await anyio.to_thread.run_sync(ServerRegistry().register, server_name, server_params)
+    except OSError as exc:
+        raise ApiGenerationError(
+            f"Could not record MCP server {server_name!r} in the tool server's registry: {exc}"
+        ) from exc
+    except ValueError as exc:
+        raise ServerParamsError(str(exc)) from exc
     return await anyio.to_thread.run_sync(_write_package, server_name, tools, Path(root_dir))
 
 
