@@ -178,6 +178,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="ipybox vs reference ipybox 0.7.1, side by side.")
     parser.add_argument("--only", default="", help="comma-separated figures: " + ",".join(BY_NAME))
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (for development)")
+    parser.add_argument(
+        "--side",
+        choices=["both", "reference", "ours"],
+        default="both",
+        help="run one side only (development)",
+    )
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds allowed for one workload run")
     parser.add_argument("--reset-gap", type=float, default=2.0, help="idle seconds before each timed reset")
@@ -215,6 +221,9 @@ def main() -> int:
             # The project is imported from src/ directly, whatever state its editable install is in.
             ("ours", args.ours_python, OUR_VENV, REPO / "src"),
         ):
+            if args.side not in ("both", side):
+                outcomes[side] = Outcome(None, "not run (--side)", 0.0)
+                continue
             print(f"{name:<15} {side:<10} ...", end="", flush=True)
             outcome = run_workload(side, python, venv, name, args, extra)
             shown = fmt_value(outcome.result) if outcome.result else f"n/a ({outcome.error})"

@@ -80,7 +80,7 @@ async def fig_execute(args: argparse.Namespace) -> dict[str, Any]:
     runs = 60 if args.quick else 300
     port = free_port()
     async with (
-        KernelGateway(port=port, log_level="WARNING"),
+        KernelGateway(port=port),
         KernelClient(port=port, images_dir=Path("images")) as client,
     ):
         for _ in range(10):
@@ -97,7 +97,7 @@ async def fig_start(args: argparse.Namespace) -> dict[str, Any]:
     samples = []
     for _ in range(runs):
         port = free_port()
-        gateway = KernelGateway(port=port, log_level="WARNING")
+        gateway = KernelGateway(port=port)
         client = KernelClient(port=port, images_dir=Path("images"))
         start = time.perf_counter()
         try:
@@ -126,7 +126,7 @@ async def fig_reset(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     samples = []
     async with (
-        KernelGateway(port=port, log_level="WARNING"),
+        KernelGateway(port=port),
         KernelClient(port=port, images_dir=Path("images")) as client,
     ):
         await client.execute(TRIVIAL)
@@ -176,10 +176,9 @@ async def fig_executor_reset(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def tool_calls(args: argparse.Namespace, approval: bool) -> dict[str, Any]:
+    from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
     from ipybox.tool_exec.client import ToolRunner
     from ipybox.tool_exec.server import ToolServer
-
-    from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
 
     runs = 60 if args.quick else 300
     port = free_port()
@@ -208,7 +207,7 @@ async def tool_calls(args: argparse.Namespace, approval: bool) -> dict[str, Any]
             samples.append(ms(time.perf_counter() - start))
         return samples
 
-    async with ToolServer(port=port, approval_required=approval, log_level="WARNING"):
+    async with ToolServer(port=port, approval_required=approval):
         if approval:
             async with ApprovalClient(callback=accept, port=port):
                 samples = await asyncio.to_thread(call_loop)

@@ -120,7 +120,9 @@ async def list_tools(
     return types.ListToolsResult(tools=copy.deepcopy(TOOLS))
 
 
-async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+async def call_tool(
+    ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+) -> types.CallToolResult:
     result = {"total": 0, "results": [], "next_cursor": None}
     return types.CallToolResult(
         content=[types.TextContent(type="text", text='{"total": 0, "results": [], "next_cursor": null}')],
