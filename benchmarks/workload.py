@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -276,7 +276,7 @@ async def fig_memory(args: argparse.Namespace) -> dict[str, Any]:
         return tree_memory_mb()
 
 
-FIGURES: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = {
+FIGURES: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]]] = {
     "execute": fig_execute,
     "start": fig_start,
     "reset": fig_reset,
