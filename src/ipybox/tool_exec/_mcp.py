@@ -34,7 +34,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
-from mcp_types import CONNECTION_CLOSED
+from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
 from ipybox._errors import MCPServerError, ServerParamsError
 
@@ -286,7 +286,6 @@ class MCPSession:
         self._task_group: anyio.abc.TaskGroup | None = None
         self._broken = False
         self._marker = uuid.uuid4().hex
-        self._pgid: int | None = None
         self._connect_scope = anyio.CancelScope()
 
     @property
@@ -471,19 +470,16 @@ class MCPSession:
         ready = self._ready
         try:
             with self._connect_scope:
-                async with contextlib.AsyncExitStack() as stack:
-                    read_stream, write_stream = await stack.enter_async_context(self._transport())
-                    streams = _EofWatchingStream(read_stream, self._mark_broken), write_stream
-                    client = await stack.enter_async_context(Client(_EnteredTransport(streams)))
-                    task_group = await stack.enter_async_context(anyio.create_task_group())
-                    # Up and running: the connect deadline no longer applies.
-                    self._connect_scope.deadline = math.inf
-                    if isinstance(self.params, StdioParams):
-                        self._pgid = _find_process_group(self._marker)
-                    self._client, self._task_group = client, task_group
-                    ready.set_result(None)
-                    await self._stop.wait()
-                    task_group.cancel_scope.cancel()
+                # The initialize handshake first: every server speaks it and it is the cheaper
+                # protocol per call; a server that speaks only the 2026 protocol says so with
+                # -32022, and gets a second connection negotiated by the SDK.
+                try:
+                    await self._connect_and_serve("legacy", ready)
+                except Exception as exc:
+                    refusal = _find_mcp_error(exc)
+                    if ready.done() or refusal is None or refusal.code != UNSUPPORTED_PROTOCOL_VERSION:
+                        raise
+                    await self._connect_and_serve("auto", ready)
             if self._connect_scope.cancelled_caught and not ready.done() and not self._stop.is_set():
                 _fail(
                     ready,
@@ -514,9 +510,29 @@ class MCPSession:
                     f"The session to MCP server {self.server_name!r} was closed.", self.server_name
                 ),
             )
-            if self._pgid is not None:
+
+    async def _connect_and_serve(self, mode: str, ready: asyncio.Future[None]) -> None:
+        pgid: int | None = None
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                read_stream, write_stream = await stack.enter_async_context(self._transport())
+                if isinstance(self.params, StdioParams):
+                    pgid = _find_process_group(self._marker)
+                streams = _EofWatchingStream(read_stream, self._mark_broken), write_stream
+                client = await stack.enter_async_context(Client(_EnteredTransport(streams), mode=mode))
+                task_group = await stack.enter_async_context(anyio.create_task_group())
+                # Up and running: the connect deadline no longer applies.
+                self._connect_scope.deadline = math.inf
+                self._client, self._task_group = client, task_group
+                ready.set_result(None)
+                await self._stop.wait()
+                task_group.cancel_scope.cancel()
+        finally:
+            self._client = self._task_group = None
+            if pgid is not None:
                 # The SDK stopped the server; descendants it left in its process group go too.
-                await _kill_process_group(self._pgid)
+                with anyio.CancelScope(shield=True):
+                    await _kill_process_group(pgid)
 
     def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
         params = self.params
@@ -590,6 +606,17 @@ def _text(result: CallToolResult) -> str | None:
 
 def _what(tool_name: str) -> str:
     return f"tool {tool_name!r}" if tool_name else "the tool listing"
+
+
+def _find_mcp_error(exc: BaseException) -> MCPError | None:
+    if isinstance(exc, MCPError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find_mcp_error(inner)
+            if found is not None:
+                return found
+    return None
 
 
 def _describe(exc: BaseException) -> str:

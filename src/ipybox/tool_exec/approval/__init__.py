@@ -1,0 +1,5 @@
+"""Tool call approval over a WebSocket between the tool server and the application.
+
+- ``ipybox.tool_exec.approval.server.ApprovalChannel``: the tool server's side.
+- ``ipybox.tool_exec.approval.client.ApprovalClient`` / ``ApprovalRequest``: the application's side.
+"""

@@ -1,0 +1,346 @@
+"""Calls MCP tools through a tool server; imported inside every kernel by generated code.
+
+Only the standard library is imported at module level (``httpx`` only when the async API
+is used), so importing this module in a fresh kernel is cheap. The synchronous path keeps
+one HTTP/1.1 keep-alive connection per runner.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import select
+import socket
+import sys
+import threading
+from typing import Any
+
+from ipybox._errors import ToolCallOutcome, ToolRunnerError
+
+__all__ = ["ToolRunner", "ToolRunnerError", "run_tool"]
+
+_KINDS: frozenset[str] = frozenset({"rejected", "expired", "failed"})
+
+
+class ToolRunner:
+    """Client for running the tools of one MCP server on a tool server.
+
+    Example:
+        ```python
+        runner = ToolRunner(
+            server_name="fetch",
+            server_params={"command": "uvx", "args": ["mcp-server-fetch"]},
+        )
+        result = await runner.run("fetch", {"url": "https://example.com"})
+        ```
+
+    Args:
+        server_name: Name of the MCP server.
+        server_params: Parameters of the MCP server, for a tool server in trusted local use;
+            empty for a secured tool server, which knows its servers by name.
+        host: Hostname of the tool server.
+        port: Port of the tool server.
+        token: The tool server's bearer token; by default the ``TOOL_SERVER_TOKEN`` environment
+            variable, if set.
+        connect_timeout: Seconds to wait for a connection to the tool server.
+        read_timeout: Seconds to wait for the answer to one call, approval wait included.
+    """
+
+    def __init__(
+        self,
+        server_name: str,
+        server_params: dict[str, Any],
+        host: str = "localhost",
+        port: int = 8900,
+        *,
+        token: str | None = None,
+        connect_timeout: float = 10,
+        read_timeout: float = 3600,
+    ) -> None:
+        self.server_name = server_name
+        self.server_params = server_params
+        self.host = host
+        self.port = port
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        token = token if token is not None else os.environ.get("TOOL_SERVER_TOKEN")
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        # The request body up to the tool name, encoded once.
+        head: dict[str, Any] = {"server_name": server_name}
+        if server_params:
+            head["server_params"] = server_params
+        self._body_head = json.dumps(head)[:-1] + ', "tool_name": '
+        self._lock = threading.Lock()
+        self._connection: http.client.HTTPConnection | None = None
+        self._async_client: Any = None
+        self._async_loop: Any = None
+
+    def run_sync(self, tool_name: str, tool_args: dict[str, Any]) -> dict[str, Any] | str | None:
+        """Run a tool and wait for its result (blocking).
+
+        Args:
+            tool_name: Name of the tool.
+            tool_args: Arguments to pass to the tool; ``datetime``, ``UUID``, ``Decimal``, paths and
+                Pydantic models are converted to JSON.
+
+        Returns:
+            The tool's structured result as a ``dict``, else its text, or ``None``.
+
+        Raises:
+            ToolRunnerError: The call was rejected, expired or failed.
+        """
+        body = self._body(tool_name, tool_args)
+        status, data = self._request_sync("POST", "/run", body, tool_name)
+        return self._result(status, data, tool_name)
+
+    async def run(self, tool_name: str, tool_args: dict[str, Any]) -> dict[str, Any] | str | None:
+        """Run a tool and return its result.
+
+        Args:
+            tool_name: Name of the tool.
+            tool_args: Arguments to pass to the tool; ``datetime``, ``UUID``, ``Decimal``, paths and
+                Pydantic models are converted to JSON.
+
+        Returns:
+            The tool's structured result as a ``dict``, else its text, or ``None``.
+
+        Raises:
+            ToolRunnerError: The call was rejected, expired or failed.
+        """
+        body = self._body(tool_name, tool_args)
+        status, data = await self._request_async("POST", "/run", body, tool_name)
+        return self._result(status, data, tool_name)
+
+    def reset_sync(self) -> None:
+        """Reset the tool server: close every MCP server it started (blocking).
+
+        Raises:
+            ToolRunnerError: The tool server refused or could not be reached.
+        """
+        status, data = self._request_sync("PUT", "/reset", b"", "")
+        self._check_reset(status, data)
+
+    async def reset(self) -> None:
+        """Reset the tool server: close every MCP server it started; they restart on their next call.
+
+        Raises:
+            ToolRunnerError: The tool server refused or could not be reached.
+        """
+        status, data = await self._request_async("PUT", "/reset", b"", "")
+        self._check_reset(status, data)
+
+    def close(self) -> None:
+        """Close the kept connection (a later call opens a new one)."""
+        with self._lock:
+            self._drop_connection()
+
+    def _body(self, tool_name: str, tool_args: dict[str, Any]) -> bytes:
+        try:
+            args = json.dumps(tool_args, default=_to_json)
+        except (TypeError, ValueError) as exc:
+            raise ToolRunnerError(
+                f"Tool call {self.server_name}.{tool_name} failed: its arguments cannot be sent as JSON ({exc}).",
+                "failed",
+                self.server_name,
+                tool_name,
+            ) from exc
+        return f'{self._body_head}{json.dumps(tool_name)}, "tool_args": {args}}}'.encode()
+
+    def _request_sync(self, method: str, path: str, body: bytes, tool_name: str) -> tuple[int, bytes]:
+        with self._lock:
+            for attempt in (1, 2):
+                reused = self._connection is not None and not _went_stale(self._connection)
+                if not reused:
+                    self._drop_connection()
+                try:
+                    connection = self._connection or self._connect(tool_name)
+                    connection.request(method, path, body, self._headers)
+                    response = connection.getresponse()
+                    data = response.read()
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                    # A kept connection the tool server closed in the meantime: reconnect once.
+                    self._drop_connection()
+                    if reused and attempt == 1:
+                        continue
+                    raise self._unreachable(tool_name, exc) from exc
+                except TimeoutError as exc:
+                    self._drop_connection()
+                    raise ToolRunnerError(
+                        f"{self._what(tool_name)} failed: the tool server did not answer within "
+                        f"{self.read_timeout:g} s.",
+                        "failed",
+                        self.server_name,
+                        tool_name,
+                    ) from exc
+                except (OSError, http.client.HTTPException) as exc:
+                    self._drop_connection()
+                    raise self._unreachable(tool_name, exc) from exc
+                except BaseException:
+                    # E.g. a KeyboardInterrupt from the kernel mid-response: the connection is unusable.
+                    self._drop_connection()
+                    raise
+                if response.will_close:
+                    self._drop_connection()
+                return response.status, data
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _connect(self, tool_name: str) -> http.client.HTTPConnection:
+        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.connect_timeout)
+        connection.connect()
+        assert connection.sock is not None
+        connection.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection.sock.settimeout(self.read_timeout)
+        self._connection = connection
+        return connection
+
+    def _drop_connection(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    async def _request_async(self, method: str, path: str, body: bytes, tool_name: str) -> tuple[int, bytes]:
+        import asyncio
+
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        if self._async_client is None or self._async_loop is not loop:
+            self._async_client = httpx.AsyncClient(
+                base_url=f"http://{self.host}:{self.port}",
+                timeout=httpx.Timeout(self.read_timeout, connect=self.connect_timeout),
+                trust_env=False,
+            )
+            self._async_loop = loop
+        try:
+            response = await self._async_client.request(method, path, content=body, headers=self._headers)
+        except httpx.TimeoutException as exc:
+            raise ToolRunnerError(
+                f"{self._what(tool_name)} failed: the tool server did not answer in time ({exc!r}).",
+                "failed",
+                self.server_name,
+                tool_name,
+            ) from exc
+        except httpx.HTTPError as exc:
+            raise self._unreachable(tool_name, exc) from exc
+        return response.status_code, response.content
+
+    def _result(self, status: int, data: bytes, tool_name: str) -> dict[str, Any] | str | None:
+        if status == 200:
+            try:
+                result: dict[str, Any] | str | None = json.loads(data)["result"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ToolRunnerError(
+                    f"Tool call {self.server_name}.{tool_name} failed: the tool server's answer is not valid "
+                    f"({data[:200]!r}).",
+                    "failed",
+                    self.server_name,
+                    tool_name,
+                ) from exc
+            return result
+        raise self._error(status, data, tool_name)
+
+    def _check_reset(self, status: int, data: bytes) -> None:
+        if status != 200:
+            raise self._error(status, data, "")
+
+    def _error(self, status: int, data: bytes, tool_name: str) -> ToolRunnerError:
+        kind: ToolCallOutcome = "failed"
+        try:
+            error = json.loads(data)["error"]
+            message = str(error["message"])
+            if error.get("kind") in _KINDS:
+                kind = error["kind"]
+        except (ValueError, KeyError, TypeError):
+            text = data[:500].decode("utf-8", "replace")
+            message = f"{self._what(tool_name)} failed: the tool server answered HTTP {status}: {text}"
+        return ToolRunnerError(message, kind, self.server_name, tool_name)
+
+    def _unreachable(self, tool_name: str, exc: BaseException) -> ToolRunnerError:
+        return ToolRunnerError(
+            f"{self._what(tool_name)} failed: the tool server at {self.host}:{self.port} could not be reached "
+            f"({exc!r}).",
+            "failed",
+            self.server_name,
+            tool_name,
+        )
+
+    def _what(self, tool_name: str) -> str:
+        return f"Tool call {self.server_name}.{tool_name}" if tool_name else "Resetting the tool server"
+
+
+def _went_stale(connection: http.client.HTTPConnection) -> bool:
+    """Whether an idle kept connection was closed by the server (it is readable: EOF)."""
+    sock = connection.sock
+    if sock is None:
+        return True
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(readable)
+
+
+def _to_json(value: Any) -> Any:
+    """JSON form of argument values ``json`` does not know (checked only for loaded modules)."""
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):
+        return model_dump(mode="json")
+    modules = sys.modules
+    datetime = modules.get("datetime")
+    if datetime is not None and isinstance(value, datetime.date | datetime.time):
+        return value.isoformat()
+    uuid = modules.get("uuid")
+    if uuid is not None and isinstance(value, uuid.UUID):
+        return str(value)
+    decimal = modules.get("decimal")
+    if decimal is not None and isinstance(value, decimal.Decimal):
+        return str(value)
+    pathlib = modules.get("pathlib")
+    if pathlib is not None and isinstance(value, pathlib.PurePath):
+        return str(value)
+    enum = modules.get("enum")
+    if enum is not None and isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, set | frozenset):
+        return list(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+_runners: dict[tuple[str, str, int, str | None], ToolRunner] = {}
+_runners_lock = threading.Lock()
+
+
+def run_tool(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> dict[str, Any] | str | None:
+    """Run a tool of a registered MCP server through the kernel's tool server (blocking).
+
+    What generated code calls. The tool server is found through the environment variables
+    ``TOOL_SERVER_HOST`` (default ``localhost``), ``TOOL_SERVER_PORT`` (default ``8900``) and
+    ``TOOL_SERVER_TOKEN``; the server is named, never described (the tool server knows its
+    parameters). One runner, with its kept connection, is reused per server.
+
+    Args:
+        server_name: Name of the MCP server, as registered by the application.
+        tool_name: Name of the tool.
+        tool_args: Arguments to pass to the tool.
+
+    Returns:
+        The tool's structured result as a ``dict``, else its text, or ``None``.
+
+    Raises:
+        ToolRunnerError: The call was rejected, expired or failed.
+    """
+    environ = os.environ
+    host = environ.get("TOOL_SERVER_HOST") or "localhost"
+    port = int(environ.get("TOOL_SERVER_PORT") or 8900)
+    token = environ.get("TOOL_SERVER_TOKEN")
+    key = (server_name, host, port, token)
+    runner = _runners.get(key)
+    if runner is None:
+        with _runners_lock:
+            runner = _runners.get(key)
+            if runner is None:
+                runner = _runners[key] = ToolRunner(server_name, {}, host, port, token=token or "")
+    return runner.run_sync(tool_name, tool_args)
