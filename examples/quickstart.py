@@ -1,17 +1,76 @@
-"""Run Python in a stateful IPython kernel served by a Jupyter Kernel Gateway."""
+"""ipybox quickstart: generate a typed API for an MCP server, then run agent code that uses it.
 
+Runs offline against the library-catalogue MCP server in this folder. Every tool call the
+code makes stops for your decision: answer ``Approve? (Y/n)``, or pass ``--yes`` to approve
+all calls (for scripts).
+
+    python examples/quickstart.py [--yes]
+"""
+
+from __future__ import annotations
+
+import argparse
 import asyncio
+import sys
+from pathlib import Path
 
-from ipybox.kernel_mgr.client import KernelClient
-from ipybox.kernel_mgr.server import KernelGateway
+from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, generate_mcp_sources
+from ipybox.utils import arun
+
+SERVER_PARAMS = {
+    "command": sys.executable,
+    "args": [str(Path(__file__).with_name("library_server.py"))],
+}
+
+# What an agent would write: several tool calls chained with ordinary Python.
+CODE = """
+from mcptools.library import search_books, get_book, borrow_book
+
+found = search_books.run(search_books.Params(query="python"))
+print(f"{found.total} books match 'python'")
+details = [get_book.run(get_book.Params(book_id=book.id)) for book in found.books]
+best = max(details, key=lambda book: book.rating)
+print(f"best rated: {best.title} by {best.author} ({best.rating})")
+loan = borrow_book.run(borrow_book.Params(book_id=best.id, borrower="Ada"))
+print(f"lent to {loan.borrower}, due in {loan.due_in_days} days")
+"""
 
 
-async def main() -> None:
-    async with KernelGateway(port=None) as gateway, KernelClient(port=gateway.port) as client:
-        await client.execute("squares = [n * n for n in range(10)]")
-        result = await client.execute("print(sum(squares))")
-        print(f"sum of squares: {result.text}")
+async def ask(prompt: str) -> bool:
+    try:
+        answer = await arun(input, prompt)
+    except EOFError:  # no terminal to answer from
+        print("\nno answer (standard input is closed); run with --yes to approve every call")
+        return False
+    return answer.strip().lower() in ("", "y", "yes")
+
+
+async def main(approve_all: bool) -> None:
+    modules = await generate_mcp_sources("library", SERVER_PARAMS, Path("mcptools"))
+    print(f"generated mcptools/library/ with modules: {', '.join(sorted(modules))}")
+
+    async with CodeExecutor() as executor:
+        async for item in executor.stream(CODE):
+            match item:
+                case ApprovalRequest():
+                    if approve_all or await ask(f"Tool call: {item}\nApprove? (Y/n): "):
+                        print(f"approved: {item}")
+                        await item.accept()
+                    else:
+                        print(f"rejected: {item}")
+                        await item.reject()
+                case CodeExecutionResult():
+                    print(item.text)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--yes", action="store_true", help="approve every tool call without asking")
+    args = parser.parse_args()
+    try:
+        asyncio.run(main(args.yes))
+    except Exception as exc:  # a rejected call ends the code with an error: say so plainly
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)

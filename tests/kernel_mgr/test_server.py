@@ -35,7 +35,7 @@ async def test_stop_ends_the_gateway_and_all_its_kernels() -> None:
         assert gateway._process is not None
         tree = psutil.Process(gateway._process.pid).children(recursive=True)
         tree.append(psutil.Process(gateway._process.pid))
-        assert len(tree) >= 3  # gateway, kernel and spare kernel
+        assert len(tree) >= 2  # the gateway and at least one kernel
         await gateway.stop()
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     await gateway.stop()  # idempotent

@@ -25,6 +25,9 @@ __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _INTERRUPT_GRACE = 5.0
+# The channels handshake completes only once the new kernel answers; on a busy machine
+# a kernel can take longer to boot than the WebSocket library's 10 s default.
+_OPEN_TIMEOUT = 60.0
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class KernelClient:
         self._kernel: _Kernel | None = None
         self._spare: asyncio.Task[_Kernel] | None = None
         self._lock = asyncio.Lock()
+        self._closing: set[asyncio.Task[None]] = set()
 
     @property
     def kernel_id(self) -> str:
@@ -140,10 +144,16 @@ class KernelClient:
             await self._http.aclose()
             self._http = None
             raise KernelConnectionError(
-                f"Could not create a kernel on the gateway at {self._base_url} after {retries} tries: "
-                f"{last_error}. Is the gateway running on that host and port?"
+                f"Could not create a kernel on the gateway at {self._base_url} after {retries} tries "
+                f"(last error: {last_error}). Is the gateway running on that host and port?"
             ) from last_error
-        self._spare = asyncio.create_task(self._open_kernel())
+
+    def _start_spare(self) -> None:
+        """Start booting the kernel the next `reset()` will switch to."""
+        if self._spare is None and self._http is not None:
+            self._spare = asyncio.create_task(self._open_kernel())
+            # A spare that fails is replaced on reset(); its error must not go unretrieved.
+            self._spare.add_done_callback(lambda task: task.cancelled() or task.exception())
 
     async def disconnect(self) -> None:
         """Shut down the kernel (and the spare) and close the connection."""
@@ -157,7 +167,9 @@ class KernelClient:
                 spare.cancel()
                 with contextlib.suppress(BaseException):
                     to_close.append(await spare)
-        await asyncio.gather(*(self._close_kernel(k) for k in to_close), return_exceptions=True)
+        await asyncio.gather(
+            *(self._close_kernel(k) for k in to_close), *self._closing, return_exceptions=True
+        )
         if self._http is not None:
             await self._http.aclose()
             self._http = None
@@ -183,8 +195,23 @@ class KernelClient:
             if new is None or new.dead:
                 new = await self._open_kernel()
             self._kernel = new
-            self._spare = asyncio.create_task(self._open_kernel())
-            asyncio.create_task(self._close_kernel(old))  # noqa: RUF006  # old kernel closes in background
+            self._start_spare()
+            closing = asyncio.create_task(self._close_kernel(old))  # shut down off the caller's path
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
+
+    async def interrupt(self) -> None:
+        """Interrupt the code running in the kernel, as Ctrl-C would.
+
+        The running `execute` or `stream` then raises `ExecutionError` with
+        ``ename == "KeyboardInterrupt"``; the kernel keeps its state.
+
+        Raises:
+            KernelConnectionError: If not connected to a kernel.
+        """
+        kernel_id = self.kernel_id
+        assert self._http is not None
+        await self._http.post(f"/api/kernels/{kernel_id}/interrupt")
 
     async def execute(self, code: str, timeout: float = 120) -> ExecutionResult:
         """Run code and return its complete result.
@@ -242,6 +269,9 @@ class KernelClient:
                     yield item
             finally:
                 kernel.queues.pop(msg_id, None)
+                # Booting the spare only after the first execution keeps it from competing
+                # with the kernel that is starting up.
+                self._start_spare()
 
     async def _collect(
         self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
@@ -334,7 +364,15 @@ class KernelClient:
                 max_size=None,
                 ping_interval=self.ping_interval,
                 compression=None,
+                open_timeout=_OPEN_TIMEOUT,
+                subprotocols=[_WS_PROTOCOL],  # type: ignore[list-item]  # a plain str is a valid subprotocol
             )
+            if ws.subprotocol != _WS_PROTOCOL:
+                await ws.close()
+                raise KernelConnectionError(
+                    f"The gateway at {self._base_url} does not speak the {_WS_PROTOCOL} WebSocket "
+                    "protocol; use jupyter-kernel-gateway 3 or later."
+                )
         except BaseException:
             with contextlib.suppress(Exception):
                 await self._http.delete(f"/api/kernels/{kernel_id}")
@@ -356,14 +394,14 @@ class KernelClient:
         """Route every message from the kernel to the execution it belongs to."""
         try:
             async for raw in kernel.ws:
-                msg = json.loads(raw)
-                msg_type = msg.get("msg_type") or msg.get("header", {}).get("msg_type")
-                msg["msg_type"] = msg_type
-                if msg_type == "status" and msg["content"].get("execution_state") in ("restarting", "dead"):
+                msg = _decode(raw)
+                if msg["msg_type"] == "status" and msg["content"].get("execution_state") in (
+                    "restarting",
+                    "dead",
+                ):
                     self._kernel_died(kernel)
                     continue
-                parent = msg.get("parent_header", {}).get("msg_id")
-                queue = kernel.queues.get(parent) if parent else None
+                queue = kernel.queues.get(msg["parent_id"])
                 if queue is not None:
                     queue.put_nowait(msg)
         except websockets.ConnectionClosed:
@@ -377,31 +415,55 @@ class KernelClient:
             queue.put_nowait(None)
 
 
-def _execute_request(session: str, msg_id: str, code: str) -> str:
-    return json.dumps(
-        {
-            "header": {
-                "msg_id": msg_id,
-                "msg_type": "execute_request",
-                "username": "ipybox",
-                "session": session,
-                "version": "5.3",
-                "date": "",
-            },
-            "parent_header": {},
-            "metadata": {},
-            "content": {
-                "code": code,
-                "silent": False,
-                "store_history": True,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": True,
-            },
-            "channel": "shell",
-            "buffers": [],
-        }
-    )
+def _execute_request(session: str, msg_id: str, code: str) -> bytes:
+    header = {
+        "msg_id": msg_id,
+        "msg_type": "execute_request",
+        "username": "ipybox",
+        "session": session,
+        "version": "5.3",
+        "date": "",
+    }
+    content = {
+        "code": code,
+        "silent": False,
+        "store_history": True,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": True,
+    }
+    return _encode("shell", [header, {}, {}, content])
+
+
+# The gateway's binary WebSocket protocol passes the kernel's message parts through
+# untouched; the JSON one makes the gateway decode and re-encode every message.
+# Frame: count of offsets, the offsets (8-byte little-endian each), then the channel
+# name and the header, parent header, metadata and content parts they delimit.
+_WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
+
+
+def _encode(channel: str, parts: list[dict[str, Any]]) -> bytes:
+    chunks = [channel.encode(), *(json.dumps(part).encode() for part in parts)]
+    offsets = [8 * (len(chunks) + 2)]
+    for chunk in chunks:
+        offsets.append(offsets[-1] + len(chunk))
+    head = len(offsets).to_bytes(8, "little") + b"".join(o.to_bytes(8, "little") for o in offsets)
+    return head + b"".join(chunks)
+
+
+def _decode(frame: str | bytes) -> dict[str, Any]:
+    """Decode the parts of a kernel message that the client routes on and reads."""
+    if isinstance(frame, str):
+        frame = frame.encode()
+    count = int.from_bytes(frame[:8], "little")
+    offsets = [int.from_bytes(frame[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
+    header = json.loads(frame[offsets[1] : offsets[2]])
+    parent = json.loads(frame[offsets[2] : offsets[3]])
+    return {
+        "msg_type": header["msg_type"],
+        "parent_id": parent.get("msg_id"),
+        "content": json.loads(frame[offsets[4] : offsets[5]]),
+    }
 
 
 def _loop_time(deadline: float) -> float:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import os
+import shutil
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
@@ -76,6 +79,7 @@ class KernelGateway:
         self._reader: asyncio.Task[None] | None = None
         self._log_tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
         self._announced = asyncio.Event()
+        self._jupyter_dir: Path | None = None
 
     @property
     def url(self) -> str:
@@ -119,6 +123,7 @@ class KernelGateway:
             self.port = free_port(self.host)
         self._log_tail.clear()
         self._announced = asyncio.Event()
+        self._jupyter_dir = _write_kernel_spec()
         self._process = await asyncio.create_subprocess_exec(
             *self._command(),
             stdin=asyncio.subprocess.DEVNULL,
@@ -148,6 +153,9 @@ class KernelGateway:
         try:
             await asyncio.shield(_terminate_tree(process, timeout))
         finally:
+            if self._jupyter_dir is not None:
+                shutil.rmtree(self._jupyter_dir, ignore_errors=True)
+                self._jupyter_dir = None
             if self._reader is not None:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await asyncio.wait_for(self._reader, 1)
@@ -168,6 +176,7 @@ class KernelGateway:
             "--KernelGatewayApp.port_retries=0",
             f"--KernelGatewayApp.log_level={self.log_level}",
             "--JupyterWebsocketPersonality.list_kernels=True",
+            f"--KernelGatewayApp.default_kernel_name={_KERNEL_NAME}",
             # Agents read all output; the notebook's output throttling would drop some.
             "--ZMQChannelsWebsocketConnection.limit_rate=False",
         ]
@@ -178,6 +187,10 @@ class KernelGateway:
         # when the create request carries an "env" object (KernelClient always sends one).
         env["KG_ENV_PROCESS_WHITELIST"] = ",".join(self.env)
         env["PYTHONUNBUFFERED"] = "1"
+        assert self._jupyter_dir is not None
+        env["JUPYTER_PATH"] = os.pathsep.join(
+            filter(None, [str(self._jupyter_dir), os.environ.get("JUPYTER_PATH")])
+        )
         return env
 
     async def _read_output(self, process: asyncio.subprocess.Process) -> None:
@@ -224,6 +237,38 @@ class KernelGateway:
                 # in case its log level hides that line.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._announced.wait(), 0.25)
+
+
+_KERNEL_NAME = "ipybox-python"
+
+
+def _write_kernel_spec() -> Path:
+    """Write the kernel spec of ipybox kernels to a fresh folder for the gateway's JUPYTER_PATH.
+
+    Kernels run this interpreter's ipykernel. IPython's history database is turned off:
+    agents do not read it, and writing it costs a few ms on every execution.
+    """
+    jupyter_dir = Path(tempfile.mkdtemp(prefix="ipybox-jupyter-"))
+    spec_dir = jupyter_dir / "kernels" / _KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    spec = {
+        "argv": [
+            sys.executable,
+            "-m",
+            "ipykernel_launcher",
+            "-f",
+            "{connection_file}",
+            *_KERNEL_ARGS,
+        ],
+        "display_name": "Python 3 (ipybox)",
+        "language": "python",
+        "metadata": {"debugger": False},
+    }
+    (spec_dir / "kernel.json").write_text(json.dumps(spec))
+    return jupyter_dir
+
+
+_KERNEL_ARGS = ["--HistoryManager.enabled=False"]
 
 
 async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -> None:
