@@ -129,7 +129,7 @@ def order(
     return Order(item=item, color=color, size=size, quantity=quantity, dimensions=dimensions, note=note)
 
 
-@mcp.tool()
+@mcp.tool(structured_output=False)
 async def slow(seconds: float) -> str:
     """Sleep for the given number of seconds, then answer."""
     await asyncio.sleep(seconds)
@@ -148,7 +148,7 @@ def crash(exit_code: int = 3) -> str:
     os._exit(exit_code)
 
 
-@mcp.tool()
+@mcp.tool(structured_output=False)
 def getenv(name: str) -> str:
     """Return the value of an environment variable of the server process ('' if unset)."""
     return os.environ.get(name, "")

@@ -1,0 +1,87 @@
+"""The trusted registry of MCP servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ipybox.tool_exec._registry import ServerRegistry, default_registry_path
+
+
+def test_the_default_file_is_in_the_state_dir_named_by_the_environment(state_dir: Path) -> None:
+    assert default_registry_path() == state_dir / "servers.json"
+    assert ServerRegistry().path == state_dir / "servers.json"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="XDG layout is the Linux default")
+def test_without_ipybox_state_dir_the_xdg_state_home_is_used(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("IPYBOX_STATE_DIR")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert default_registry_path() == tmp_path / "ipybox" / "servers.json"
+    monkeypatch.delenv("XDG_STATE_HOME")
+    assert default_registry_path() == Path.home() / ".local" / "state" / "ipybox" / "servers.json"
+
+
+def test_registered_params_are_stored_as_given_with_placeholders_and_private_mode(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("IPYBOX_T_SECRET", "do-not-store-me")
+    registry = ServerRegistry()
+    params = {"url": "https://x.example/mcp", "headers": {"Authorization": "Bearer ${IPYBOX_T_SECRET}"}}
+    registry.register("remote", params)
+    assert registry.lookup("remote") == params
+    text = registry.path.read_text()
+    assert "${IPYBOX_T_SECRET}" in text
+    assert "do-not-store-me" not in text
+    assert stat.S_IMODE(os.stat(registry.path).st_mode) == 0o600
+    assert [p.name for p in state_dir.iterdir() if p.name.startswith(".servers-")] == []
+
+
+def test_lookup_returns_none_for_unknown_servers_and_a_copy_for_known_ones() -> None:
+    registry = ServerRegistry()
+    assert registry.lookup("nothing") is None
+    registry.register("a", {"command": "x", "args": ["1"]})
+    found = registry.lookup("a")
+    assert found is not None
+    found["args"].append("mutated")
+    assert registry.lookup("a") == {"command": "x", "args": ["1"]}
+
+
+def test_a_registration_by_another_process_is_found() -> None:
+    registry = ServerRegistry()
+    registry.register("first", {"command": "a"})
+    assert registry.lookup("second") is None
+    code = (
+        "from ipybox.tool_exec._registry import ServerRegistry\n"
+        "ServerRegistry().register('second', {'command': 'b'})\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())
+    assert registry.lookup("second") == {"command": "b"}
+    assert registry.lookup("first") == {"command": "a"}
+
+
+def test_re_registering_replaces_and_unregister_removes() -> None:
+    registry = ServerRegistry()
+    registry.register("a", {"command": "old"})
+    registry.register("a", {"command": "new"})
+    assert registry.lookup("a") == {"command": "new"}
+    registry.unregister("a")
+    registry.unregister("a")
+    assert registry.lookup("a") is None
+    assert json.loads(registry.path.read_text())["servers"] == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "params"), [("", {"command": "x"}), ("a", ["command"]), ("a", {"x": object()})]
+)
+def test_bad_registrations_are_refused(name: str, params: object) -> None:
+    with pytest.raises(ValueError):
+        ServerRegistry().register(name, params)  # type: ignore[arg-type]

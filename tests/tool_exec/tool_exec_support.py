@@ -1,0 +1,42 @@
+"""Helpers shared by the tool execution tests."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+DEMO_SERVER = Path(__file__).parents[1] / "servers" / "demo_server.py"
+
+
+def descendants() -> set[int]:
+    """Pids of this process's living descendants, except the session-wide HTTP demo servers."""
+    pids = set()
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE or "--transport" in child.cmdline():
+                continue
+        except psutil.Error:
+            continue
+        pids.add(child.pid)
+    return pids
+
+
+def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Poll a cheap condition under a deadline (for process-table checks, which have no event)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return bool(predicate())
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
