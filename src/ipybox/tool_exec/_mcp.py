@@ -2,9 +2,8 @@
 
 Server parameters are resolved here (``${VAR}`` placeholders, transport detection) into
 frozen values, and each MCP server connection is an :class:`MCPSession` whose MCP SDK
-``Client`` is entered and exited by one long-lived task. Callers reach it through futures:
-each call runs as a task in the owner's task group, so every anyio scope is entered and
-left by the task that owns it. This module is never imported inside a kernel.
+``Client`` is entered and exited by one long-lived owner task, so no anyio scope of the
+connection is ever left by another task. This module is never imported inside a kernel.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from types import TracebackType
 from typing import Any, Literal
 
 import anyio
-import anyio.abc
 import httpx2
 from mcp.client import Client
 from mcp.client.sse import sse_client
@@ -264,8 +262,8 @@ class MCPSession:
 
     ``start()`` spawns the owner task, which enters the MCP SDK ``Client`` (starting a stdio
     server process or connecting over HTTP) and keeps it open until ``close()`` or until the
-    server goes away. Tool calls run as tasks in the owner's task group and report back through
-    futures, so several calls to one server can be in flight at once.
+    server goes away (its end of the connection closes). Several calls, from any tasks, can be
+    in flight at once; when the session ends they fail with ``MCPServerError``.
 
     Args:
         server_name: The application's name for the server (used in messages).
@@ -283,8 +281,8 @@ class MCPSession:
         self._ready: asyncio.Future[None] | None = None
         self._stop = anyio.Event()
         self._client: Client | None = None
-        self._task_group: anyio.abc.TaskGroup | None = None
         self._broken = False
+        self._closing = False
         self._marker = uuid.uuid4().hex
         self._connect_scope = anyio.CancelScope()
 
@@ -318,6 +316,7 @@ class MCPSession:
 
         Calls still in flight fail with ``MCPServerError``. Idempotent.
         """
+        self._closing = True
         self._stop.set()
         if self._ready is not None and not self._ready.done():
             self._connect_scope.cancel()
@@ -342,15 +341,17 @@ class MCPSession:
             MCPServerError: The tool reported an error (with the server's message), the server
                 answered with a protocol error, or it went away while the call was running.
         """
-        result = await self._submit(self._call_tool, tool_name, tool_args)
-        assert isinstance(result, CallToolResult)
+        client = self._connected(tool_name)
+        try:
+            result = await client.call_tool(tool_name, tool_args)
+        except Exception as exc:
+            raise self._translate(exc, tool_name) from exc
         if result.is_error:
             message = _text(result) or "the tool reported an error without a message"
             raise MCPServerError(message, self.server_name, tool_name)
         if result.structured_content is not None:
             return dict(result.structured_content)
-        text = _text(result)
-        return text if text is not None else None
+        return _text(result)
 
     async def list_tools(self) -> list[Tool]:
         """List every tool the server offers (all pages).
@@ -358,79 +359,56 @@ class MCPSession:
         Raises:
             MCPServerError: The server answered with an error or went away.
         """
-        result = await self._submit(self._list_tools, "", {})
-        assert isinstance(result, list)
-        return result
+        client = self._connected("")
+        tools: list[Tool] = []
+        cursor: str | None = None
+        try:
+            while True:
+                page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+                tools.extend(page.tools)
+                cursor = page.next_cursor
+                if not cursor:
+                    return tools
+        except Exception as exc:
+            raise self._translate(exc, "") from exc
 
-    async def _submit(self, operation: Any, tool_name: str, tool_args: dict[str, Any]) -> Any:
-        task_group = self._task_group
-        if task_group is None or not self.alive:
+    def _connected(self, tool_name: str) -> Client:
+        # Calls are awaited in the caller's task rather than handed to the owner task: the SDK
+        # session takes concurrent requests from any task and every scope a request opens is
+        # entered and left in that task, while the session itself is entered and exited only by
+        # the owner. A hop through the owner costs ~0.1 ms, about 8 % of a whole tool call.
+        client = self._client
+        if client is None or not self.alive:
             raise MCPServerError(
                 f"The session to MCP server {self.server_name!r} is closed; the tool server starts it again on "
                 "the next call.",
                 self.server_name,
                 tool_name or None,
             )
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        scope = anyio.CancelScope()
-        task_group.start_soon(self._run_operation, operation, tool_name, tool_args, future, scope)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            scope.cancel()
-            raise
+        return client
 
-    async def _run_operation(
-        self,
-        operation: Any,
-        tool_name: str,
-        tool_args: dict[str, Any],
-        future: asyncio.Future[Any],
-        scope: anyio.CancelScope,
-    ) -> None:
-        client = self._client
-        try:
-            with scope:
-                if client is None:
-                    raise MCPError(CONNECTION_CLOSED, "Connection closed")
-                result = await operation(client, tool_name, tool_args)
-                if not future.done():
-                    future.set_result(result)
-                return
-        except MCPError as exc:
-            if exc.code == CONNECTION_CLOSED:
-                self._mark_broken()
-                error = self._gone_error(tool_name)
-            else:
-                error = MCPServerError(
-                    f"MCP server {self.server_name!r} answered {_what(tool_name)} with an error: {exc.message}",
-                    self.server_name,
-                    tool_name or None,
-                )
-            error.__cause__ = exc
-            _fail(future, error)
-            return
-        except (OSError, httpx2.TransportError, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            self._mark_broken()
-            error = self._gone_error(tool_name)
-            error.__cause__ = exc
-            _fail(future, error)
-            return
-        except Exception as exc:
-            error = MCPServerError(
-                f"{_what(tool_name).capitalize()} on MCP server {self.server_name!r} failed: {exc}",
+    def _translate(self, exc: Exception, tool_name: str) -> MCPServerError:
+        if isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED:
+            return MCPServerError(
+                f"MCP server {self.server_name!r} answered {_what(tool_name)} with an error: {exc.message}",
                 self.server_name,
                 tool_name or None,
             )
-            error.__cause__ = exc
-            _fail(future, error)
-            return
-        except BaseException:
-            # The owner's task group is being cancelled: the session is closing.
-            _fail(future, self._gone_error(tool_name))
-            raise
-        # Only reached when this call's own scope was cancelled (its caller went away).
-        _fail(future, asyncio.CancelledError())
+        if isinstance(
+            exc,
+            MCPError
+            | OSError
+            | httpx2.TransportError
+            | anyio.BrokenResourceError
+            | anyio.ClosedResourceError,
+        ):
+            self._mark_broken()
+            return self._gone_error(tool_name)
+        return MCPServerError(
+            f"{_what(tool_name).capitalize()} on MCP server {self.server_name!r} failed: {_describe(exc)}",
+            self.server_name,
+            tool_name or None,
+        )
 
     def _gone_error(self, tool_name: str) -> MCPServerError:
         if self._broken:
@@ -445,23 +423,9 @@ class MCPSession:
             )
         return MCPServerError(message, self.server_name, tool_name or None)
 
-    @staticmethod
-    async def _call_tool(client: Client, tool_name: str, tool_args: dict[str, Any]) -> CallToolResult:
-        return await client.call_tool(tool_name, tool_args)
-
-    @staticmethod
-    async def _list_tools(client: Client, _tool_name: str, _tool_args: dict[str, Any]) -> list[Tool]:
-        tools: list[Tool] = []
-        cursor: str | None = None
-        while True:
-            page = await client.list_tools(cursor=cursor, cache_mode="refresh")
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                return tools
-
     def _mark_broken(self) -> None:
-        if not self._broken:
+        # The end of the connection during close() is expected, not a crash.
+        if not self._broken and not self._closing:
             self._broken = True
             self._stop.set()
 
@@ -502,7 +466,7 @@ class MCPSession:
                     "Session to MCP server %r ended with an error: %s", self.server_name, _describe(exc)
                 )
         finally:
-            self._client = self._task_group = None
+            self._client = None
             self._broken = True
             _fail(
                 ready,
@@ -520,15 +484,13 @@ class MCPSession:
                     pgid = _find_process_group(self._marker)
                 streams = _EofWatchingStream(read_stream, self._mark_broken), write_stream
                 client = await stack.enter_async_context(Client(_EnteredTransport(streams), mode=mode))
-                task_group = await stack.enter_async_context(anyio.create_task_group())
                 # Up and running: the connect deadline no longer applies.
                 self._connect_scope.deadline = math.inf
-                self._client, self._task_group = client, task_group
+                self._client = client
                 ready.set_result(None)
                 await self._stop.wait()
-                task_group.cancel_scope.cancel()
         finally:
-            self._client = self._task_group = None
+            self._client = None
             if pgid is not None:
                 # The SDK stopped the server; descendants it left in its process group go too.
                 with anyio.CancelScope(shield=True):
