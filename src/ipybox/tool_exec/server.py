@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import socket
 import sys
@@ -27,6 +28,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from ipybox._errors import MCPServerError, ServerParamsError, ToolCallOutcome
@@ -185,12 +187,12 @@ class ToolServer:
         sock = _bind(self.host, self._port)
         self._port = sock.getsockname()[1]
         config = uvicorn.Config(
-            self._app,
+            self,
             log_config=None,
             log_level=self.log_level.lower(),
             access_log=False,
             lifespan="off",
-            http="h11",
+            http="auto",
             ws="websockets-sansio",
             timeout_keep_alive=300,
             timeout_graceful_shutdown=5,
@@ -254,7 +256,7 @@ class ToolServer:
 
     async def _reset_endpoint(self, request: Request) -> Response:
         if not self._authorized(request):
-            return _unauthorized()
+            return _error_response(401, "failed", _UNAUTHORIZED)
         await self.reset()
         return JSONResponse({"status": "ok"})
 
@@ -267,11 +269,44 @@ class ToolServer:
                 return
         await self._channel.connect(websocket)
 
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # POST /run is the hot path (one request per tool call from a kernel): it is served
+        # straight from the ASGI messages, everything else goes through Starlette.
+        if scope["type"] == "http" and scope["path"] == "/run" and scope["method"] == "POST":
+            authorization = b""
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value
+                    break
+            body = b""
+            more_body = True
+            while more_body:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return
+                body += message.get("body", b"")
+                more_body = message.get("more_body", False)
+            status, content = await self._handle_run(authorization, body)
+            headers = [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(content)).encode()),
+            ]
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": content})
+        else:
+            await self._app(scope, receive, send)
+
     async def _run(self, request: Request) -> Response:
-        if not self._authorized(request):
-            return _unauthorized()
+        status, content = await self._handle_run(
+            request.headers.get("authorization", "").encode(), await request.body()
+        )
+        return Response(content, status_code=status, media_type="application/json")
+
+    async def _handle_run(self, authorization: bytes, raw_body: bytes) -> tuple[int, bytes]:
+        if self._expected_auth is not None and not hmac.compare_digest(authorization, self._expected_auth):
+            return _error(401, "failed", _UNAUTHORIZED)
         try:
-            body = _RunRequest.model_validate_json(await request.body())
+            body = _RunRequest.model_validate_json(raw_body)
         except ValidationError as exc:
             return _error(400, "failed", f"The tool call request is malformed: {_summarise(exc)}")
         call = f"{body.server_name}.{body.tool_name}"
@@ -284,7 +319,7 @@ class ToolServer:
             return _error(exc.status, exc.kind, exc.message)
         except MCPServerError as exc:
             return _error(502, "failed", f"Tool call {call} failed: {exc}")
-        return JSONResponse({"result": result})
+        return 200, _json({"result": result})
 
     def _authorized(self, request: Request) -> bool:
         if self._expected_auth is None:
@@ -391,16 +426,22 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _error(status: int, kind: ToolCallOutcome, message: str) -> JSONResponse:
-    return JSONResponse({"error": {"kind": kind, "message": message}}, status_code=status)
+_UNAUTHORIZED = (
+    "The tool server refused the request: it needs the tool server token as 'Authorization: Bearer <token>'."
+)
 
 
-def _unauthorized() -> JSONResponse:
-    return _error(
-        401,
-        "failed",
-        "The tool server refused the request: it needs the tool server token as 'Authorization: Bearer <token>'.",
-    )
+def _json(value: Any) -> bytes:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _error(status: int, kind: ToolCallOutcome, message: str) -> tuple[int, bytes]:
+    return status, _json({"error": {"kind": kind, "message": message}})
+
+
+def _error_response(status: int, kind: ToolCallOutcome, message: str) -> Response:
+    status, content = _error(status, kind, message)
+    return Response(content, status_code=status, media_type="application/json")
 
 
 def _summarise(exc: ValidationError) -> str:
