@@ -26,6 +26,7 @@ import ast
 import keyword
 import math
 import re
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -114,6 +115,8 @@ _COMPOSITES = ("anyOf", "oneOf")
 _MAX_DEPTH = 64
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _NAME_TOKEN = re.compile(r"\b[A-Z][A-Za-z0-9_]*\b")
+_WRAP = 96
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,10 +173,21 @@ def docstring(text: str, indent: str = "") -> str:
     """A triple-quoted string literal for ``text``, indented for use as a docstring.
 
     Backslashes, runs of double quotes, a closing double quote and every non-printable
-    character are escaped, so no text can end the literal early. The result is checked to
+    character are escaped, so no text can end the literal early; lone surrogates become
+    U+FFFD (Python cannot create a class whose docstring has one). The result is checked to
     read back as the (indented) text; if it ever did not, a plain ``repr`` is used instead.
     """
-    lines = text.strip().replace("\r\n", "\n").split("\n")
+    lines = []
+    for line in _SURROGATE.sub("\ufffd", text).strip().replace("\r\n", "\n").split("\n"):
+        if len(line) <= _WRAP:
+            lines.append(line)
+            continue
+        # Long lines are wrapped for reading; each source line separately, keeping its indent.
+        lead = line[: len(line) - len(line.lstrip())]
+        lines.extend(
+            textwrap.wrap(line, _WRAP, subsequent_indent=lead, break_long_words=False, break_on_hyphens=False)
+            or [line]
+        )
     value = "\n".join(
         [lines[0].rstrip()] + [indent + line.rstrip() if line.strip() else "" for line in lines[1:]]
     )
@@ -195,6 +209,18 @@ def docstring(text: str, indent: str = "") -> str:
     except (SyntaxError, ValueError):
         pass
     return repr(value)
+
+
+def _valid_unicode(text: str) -> bool:
+    """Whether ``text`` has no lone surrogates (JSON can carry them; Pydantic's core cannot)."""
+    return _SURROGATE.search(text) is None
+
+
+def _text(value: Any) -> str | None:
+    """Documentation text: non-blank strings only, lone surrogates shown as U+FFFD."""
+    if not isinstance(value, str) or not value.strip():
+        return None
+    return _SURROGATE.sub("\ufffd", value)
 
 
 def _pascal(text: str) -> str:
@@ -229,8 +255,10 @@ def _python_literal(value: Any) -> str | None:
 def _is_json_literal(value: Any, depth: int) -> bool:
     if depth > _MAX_DEPTH:
         return False
-    if value is None or isinstance(value, bool | str):
+    if value is None or isinstance(value, bool):
         return True
+    if isinstance(value, str):
+        return _valid_unicode(value)
     if isinstance(value, int):
         return True
     if isinstance(value, float):
@@ -238,7 +266,10 @@ def _is_json_literal(value: Any, depth: int) -> bool:
     if isinstance(value, list):
         return all(_is_json_literal(item, depth + 1) for item in value)
     if isinstance(value, dict):
-        return all(isinstance(k, str) and _is_json_literal(v, depth + 1) for k, v in value.items())
+        return all(
+            isinstance(k, str) and _valid_unicode(k) and _is_json_literal(v, depth + 1)
+            for k, v in value.items()
+        )
     return False
 
 
@@ -429,23 +460,20 @@ class _Compiler:
         # Tool arguments refuse unknown names (a typo fails here, not silently on the server)
         # unless the schema allows more; results keep whatever the server adds.
         extra: Literal["allow", "forbid"] = "allow"
-        if additional is False or (self.input_side and additional is None and properties):
+        if self.input_side and (additional is False or (additional is None and properties)):
             extra = "forbid"
-        description = schema.get("description")
-        cls = _Class(
-            name, description if isinstance(description, str) and description.strip() else None, extra
-        )
+        cls = _Class(name, _text(schema.get("description")), extra)
         for key, prop in properties.items():
             key = str(key)
             if prop is False:
                 continue
+            if not _valid_unicode(key):
+                raise SchemaError(f"{self.side}{where}: property name {key!r} is not valid Unicode")
             prop_where = f"{where}/properties/{_escape_pointer(key)}"
             annotation = self.type_of(prop, key, prop_where)
             is_required = key in required
             prop_map: Mapping[str, Any] = prop if isinstance(prop, Mapping) else {}
-            description = prop_map.get("description")
-            if not (isinstance(description, str) and description.strip()):
-                description = None
+            description = _text(prop_map.get("description"))
             default = None
             if not is_required:
                 annotation = _union([annotation, "None"])
@@ -697,7 +725,10 @@ def _split_union(annotation: str) -> list[str]:
 def _literal_type(values: list[Any]) -> str | None:
     # Literal only for values Pydantic compares exactly; others fall back to the JSON type.
     if not values or not all(
-        value is None or isinstance(value, bool | str) or (isinstance(value, int) and abs(value) < 2**63)
+        value is None
+        or isinstance(value, bool)
+        or (isinstance(value, str) and _valid_unicode(value))
+        or (isinstance(value, int) and abs(value) < 2**63)
         for value in values
     ):
         return None
@@ -747,7 +778,7 @@ def _number_constraints(schema: Mapping[str, Any]) -> dict[str, str]:
 def _string_constraints(schema: Mapping[str, Any]) -> dict[str, str]:
     constraints = _length_constraints(schema, "minLength", "maxLength")
     pattern = schema.get("pattern")
-    if isinstance(pattern, str):
+    if isinstance(pattern, str) and _valid_unicode(pattern):
         try:
             re.compile(pattern)
         except (re.error, RecursionError, OverflowError):

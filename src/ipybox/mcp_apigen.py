@@ -143,7 +143,9 @@ def render_sources(server_name: str, tools: Sequence[Tool]) -> dict[str, str]:
                 server_name, tool.name, tool.description, tool.input_schema, tool.output_schema, tool.title
             )
         except _codegen.SchemaError as exc:
-            logger.warning("Tool %r of MCP server %r was not generated: %s.", tool.name, server_name, exc)
+            # The reason quotes schema text: escaped, so a hostile server cannot forge log lines.
+            reason = str(exc).encode("unicode_escape").decode("ascii")
+            logger.warning("Tool %r of MCP server %r was not generated: %s.", tool.name, server_name, reason)
             continue
         entries.append((module, tool.name, tool.description))
     sources["__init__"] = _codegen.render_package_init(server_name, entries)
