@@ -221,3 +221,42 @@ async def test_run_sync_reconnects_when_its_kept_connection_went_stale(demo_para
     finally:
         runner.close()
         await server.stop()
+
+
+async def test_run_sync_reads_chunked_answers_and_can_go_through_a_proxy() -> None:
+    request_lines: list[bytes] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(
+            next(line for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))[15:]
+        )
+        await reader.readexactly(length)
+        request_lines.append(head.split(b"\r\n", 1)[0])
+        body = b'{"result": {"chunked": true}}'
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            + b"%x\r\n%s\r\n" % (10, body[:10])
+            + b"%x\r\n%s\r\n" % (len(body) - 10, body[10:])
+            + b"0\r\n\r\n"
+        )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server:
+        direct = ToolRunner("x", {}, host="127.0.0.1", port=port, token="")
+        assert await asyncio.to_thread(direct.run_sync, "t", {}) == {"chunked": True}
+        assert await asyncio.to_thread(direct.run_sync, "t", {}) == {"chunked": True}
+        proxied = ToolRunner(
+            "x", {}, host="tool-server.internal", port=1234, proxy=f"http://127.0.0.1:{port}"
+        )
+        assert await asyncio.to_thread(proxied.run_sync, "t", {}) == {"chunked": True}
+    assert request_lines == [
+        b"POST /run HTTP/1.1",
+        b"POST /run HTTP/1.1",
+        b"POST http://tool-server.internal:1234/run HTTP/1.1",
+    ]
+    with pytest.raises(ValueError, match="http:// proxies"):
+        ToolRunner("x", {}, proxy="socks5://127.0.0.1:1080")

@@ -44,6 +44,12 @@ class ToolRunner:
             variable, if set.
         connect_timeout: Seconds to wait for a connection to the tool server.
         read_timeout: Seconds to wait for the answer to one call, approval wait included.
+        proxy: An ``http://host:port`` proxy to reach the tool server through (a sandboxed
+            kernel may have no other way out); by default the ``TOOL_SERVER_PROXY`` environment
+            variable, if set.
+
+    Raises:
+        ValueError: ``proxy`` is not an ``http://`` URL.
     """
 
     def __init__(
@@ -56,6 +62,7 @@ class ToolRunner:
         token: str | None = None,
         connect_timeout: float = 10,
         read_timeout: float = 3600,
+        proxy: str | None = None,
     ) -> None:
         self.server_name = server_name
         self.server_params = server_params
@@ -64,6 +71,8 @@ class ToolRunner:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         token = token if token is not None else os.environ.get("TOOL_SERVER_TOKEN")
+        self.proxy = (proxy if proxy is not None else os.environ.get("TOOL_SERVER_PROXY")) or None
+        self._address = _proxy_address(self.proxy) if self.proxy else (host, port)
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -163,7 +172,7 @@ class ToolRunner:
                 try:
                     if connection is None or not reused:
                         connection = self._connection = _Connection(
-                            self.host, self.port, self.connect_timeout, self.read_timeout
+                            self._address, self.connect_timeout, self.read_timeout
                         )
                     status, data, close = connection.exchange(request)
                 except (_ClosedBeforeAnswer, BrokenPipeError, ConnectionResetError) as exc:
@@ -194,7 +203,8 @@ class ToolRunner:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _head(self, method: str, path: str) -> bytes:
-        lines = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Accept: application/json"]
+        target = f"http://{self.host}:{self.port}{path}" if self.proxy else path
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host}:{self.port}", "Accept: application/json"]
         lines += [f"{name}: {value}" for name, value in self._headers.items()]
         return ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
 
@@ -214,6 +224,7 @@ class ToolRunner:
                 base_url=f"http://{self.host}:{self.port}",
                 timeout=httpx.Timeout(self.read_timeout, connect=self.connect_timeout),
                 trust_env=False,
+                proxy=self.proxy,
             )
             self._async_loop = loop
         try:
@@ -285,8 +296,8 @@ class _Connection:
     (``Content-Length`` or chunked bodies), so a few lines read them.
     """
 
-    def __init__(self, host: str, port: int, connect_timeout: float, read_timeout: float) -> None:
-        self.sock = socket.create_connection((host, port), timeout=connect_timeout)
+    def __init__(self, address: tuple[str, int], connect_timeout: float, read_timeout: float) -> None:
+        self.sock = socket.create_connection(address, timeout=connect_timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(read_timeout)
         self.buffer = bytearray()
@@ -368,6 +379,14 @@ class _Connection:
         return b"".join(chunks)
 
 
+def _proxy_address(proxy: str) -> tuple[str, int]:
+    if not proxy.startswith("http://"):
+        raise ValueError(f"Only http:// proxies can reach the tool server, not {proxy!r}.")
+    netloc = proxy.removeprefix("http://").split("/", 1)[0].rsplit("@", 1)[-1]
+    host, _, port = netloc.rpartition(":") if netloc.rpartition(":")[2].isdigit() else (netloc, "", "80")
+    return host.strip("[]"), int(port)
+
+
 def _to_json(value: Any) -> Any:
     """JSON form of argument values ``json`` does not know (checked only for loaded modules)."""
     model_dump = getattr(value, "model_dump", None)
@@ -394,7 +413,7 @@ def _to_json(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-_runners: dict[tuple[str, str, int, str | None], ToolRunner] = {}
+_runners: dict[tuple[str, str, int, str | None, str | None], ToolRunner] = {}
 _runners_lock = threading.Lock()
 
 
@@ -403,7 +422,7 @@ def run_tool(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> dic
 
     What generated code calls. The tool server is found through the environment variables
     ``TOOL_SERVER_HOST`` (default ``localhost``), ``TOOL_SERVER_PORT`` (default ``8900``) and
-    ``TOOL_SERVER_TOKEN``; the server is named, never described (the tool server knows its
+    ``TOOL_SERVER_TOKEN`` (and ``TOOL_SERVER_PROXY``, if set); the server is named, never described (the tool server knows its
     parameters). One runner, with its kept connection, is reused per server.
 
     Args:
@@ -421,11 +440,14 @@ def run_tool(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> dic
     host = environ.get("TOOL_SERVER_HOST") or "localhost"
     port = int(environ.get("TOOL_SERVER_PORT") or 8900)
     token = environ.get("TOOL_SERVER_TOKEN")
-    key = (server_name, host, port, token)
+    proxy = environ.get("TOOL_SERVER_PROXY") or None
+    key = (server_name, host, port, token, proxy)
     runner = _runners.get(key)
     if runner is None:
         with _runners_lock:
             runner = _runners.get(key)
             if runner is None:
-                runner = _runners[key] = ToolRunner(server_name, {}, host, port, token=token or "")
+                runner = _runners[key] = ToolRunner(
+                    server_name, {}, host, port, token=token or "", proxy=proxy or ""
+                )
     return runner.run_sync(tool_name, tool_args)
