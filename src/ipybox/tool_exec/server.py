@@ -4,7 +4,10 @@ Endpoints:
 
 - ``POST /run`` with ``{"server_name", "tool_name", "tool_args", "server_params"?}`` answers
   ``{"result": ...}``, or an error with a real status code and the body
-  ``{"error": {"kind": "rejected" | "expired" | "failed", "message": "..."}}``.
+  ``{"error": {"kind": "rejected" | "expired" | "failed", "message": "..."}}``: 400 malformed
+  request or parameters, 401 missing or wrong token, 403 rejected by the application or
+  ``server_params`` refused (secured mode), 404 server not registered, 502 the MCP server
+  failed (could not start, tool error, crash), 503 no approval client, 504 approval expired.
 - ``PUT /reset`` closes every MCP session (they start again on the next call).
 - ``WS /approval`` is where the application's ``ApprovalClient`` connects.
 - ``GET /status`` answers ``{"status": "ok"}``.
@@ -403,7 +406,9 @@ class ToolServer:
             try:
                 resolved = resolve_params(params)
             except ServerParamsError as exc:
-                raise _ToolCallError(400, "failed", f"Tool call {call} failed: {exc}") from exc
+                # Parameters from a request are the client's mistake; registered ones the application's.
+                status = 400 if self._registry is None else 500
+                raise _ToolCallError(status, "failed", f"Tool call {call} failed: {exc}") from exc
             session = MCPSession(server_name, resolved, self.connect_timeout)
             await session.start()
             self._sessions[server_name] = (session, params)
