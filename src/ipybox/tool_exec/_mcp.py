@@ -380,8 +380,7 @@ class MCPSession:
         client = self._client
         if client is None or not self.alive:
             raise MCPServerError(
-                f"The session to MCP server {self.server_name!r} is closed; the tool server starts it again on "
-                "the next call.",
+                f"The session to MCP server {self.server_name!r} is closed; {self._restart_hint()}.",
                 self.server_name,
                 tool_name or None,
             )
@@ -414,7 +413,7 @@ class MCPSession:
         if self._broken:
             message = (
                 f"MCP server {self.server_name!r} went away while {_what(tool_name)} was running (it crashed, "
-                "exited or closed the connection); it is started again on the next call."
+                f"exited or closed the connection); {self._restart_hint()}."
             )
         else:
             message = (
@@ -422,6 +421,11 @@ class MCPSession:
                 f"{_what(tool_name)} was running."
             )
         return MCPServerError(message, self.server_name, tool_name or None)
+
+    def _restart_hint(self) -> str:
+        if isinstance(self.params, StdioParams):
+            return "it is started again on the next call"
+        return "the next call connects to it again"
 
     def _mark_broken(self) -> None:
         # The end of the connection during close() is expected, not a crash.
