@@ -62,7 +62,6 @@ class ApprovalChannel:
         self._websocket: WebSocket | None = None
         self._pending: dict[int, asyncio.Future[bool]] = {}
         self._ids = itertools.count(1)
-        self._send_lock = asyncio.Lock()
         self._closed = asyncio.Event()
         self._closed.set()
 
@@ -154,13 +153,14 @@ class ApprovalChannel:
         )
         try:
             async with asyncio.timeout(self.approval_timeout):
-                async with self._send_lock:
-                    try:
-                        await websocket.send_text(message)
-                    except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-                        raise ApprovalClientDisconnected(
-                            "The approval client disconnected before it could be asked."
-                        ) from exc
+                # No lock around the send: uvicorn writes each WebSocket message whole, so
+                # concurrent requests cannot interleave their frames.
+                try:
+                    await websocket.send_text(message)
+                except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+                    raise ApprovalClientDisconnected(
+                        "The approval client disconnected before it could be asked."
+                    ) from exc
                 return await decision
         except TimeoutError:
             raise TimeoutError(f"No approval decision within {self.approval_timeout:g} s.") from None
