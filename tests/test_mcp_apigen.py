@@ -365,6 +365,26 @@ def test_an_unrepresentable_default_is_left_to_the_server(import_root: Path) -> 
     assert params.model_dump(mode="json", exclude_none=True) == {"l": [1, 2], "f": 1}
 
 
+def test_numeric_bounds_pydantic_cannot_take_on_an_int_are_rounded_or_left_to_the_server(
+    import_root: Path,
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 0.5, "exclusiveMaximum": 9.5, "multipleOf": 0.5},
+            "big": {"type": "integer", "maximum": 10**30, "minimum": -(2**70)},
+            "x": {"type": "number", "exclusiveMinimum": 0, "multipleOf": 0.25},
+            "draft4": {"type": "integer", "minimum": 1, "exclusiveMinimum": True},
+        },
+    }
+    package, _ = generate(import_root, [tool("bounds", schema)])
+    Params = import_module(package, "bounds").Params
+    assert Params(n=1, big=10**29, x=0.75, draft4=2).n == 1
+    for bad in [{"n": 0}, {"n": 10}, {"big": 10**31}, {"x": 0}, {"x": 0.3}, {"draft4": 1}]:
+        with pytest.raises(ValidationError):
+            Params.model_validate(bad)
+
+
 def test_a_tool_with_an_invalid_schema_is_skipped_and_named(
     caplog: pytest.LogCaptureFixture, import_root: Path
 ) -> None:

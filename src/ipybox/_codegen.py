@@ -418,7 +418,7 @@ class _Compiler:
             return "Any"
         base = _SCALARS[json_type]
         if json_type in ("integer", "number"):
-            return _constrained(base, _number_constraints(schema))
+            return _constrained(base, _number_constraints(schema, integer=json_type == "integer"))
         if json_type == "string":
             return _constrained(base, _string_constraints(schema))
         return base
@@ -743,19 +743,16 @@ def _literal_type(values: list[Any]) -> str | None:
     return literal + " | None" if None in unique else literal
 
 
-def _number(value: Any) -> str | None:
+def _number(value: Any) -> int | float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    try:
-        return repr(value)
-    except ValueError:
-        return None
+    return value
 
 
-def _number_constraints(schema: Mapping[str, Any]) -> dict[str, str]:
-    constraints: dict[str, str] = {}
+def _number_constraints(schema: Mapping[str, Any], integer: bool) -> dict[str, str]:
+    bounds: dict[str, int | float] = {}
     for key, name in (
         ("minimum", "ge"),
         ("maximum", "le"),
@@ -764,15 +761,37 @@ def _number_constraints(schema: Mapping[str, Any]) -> dict[str, str]:
     ):
         value = _number(schema.get(key))
         if value is not None:
-            constraints[name] = value
+            bounds[name] = value
     # Draft 4 spells exclusive bounds as booleans beside minimum / maximum.
     for key, inclusive, exclusive in (("exclusiveMinimum", "ge", "gt"), ("exclusiveMaximum", "le", "lt")):
-        if schema.get(key) is True and inclusive in constraints:
-            constraints[exclusive] = constraints.pop(inclusive)
+        if schema.get(key) is True and inclusive in bounds:
+            bounds[exclusive] = bounds.pop(inclusive)
     multiple = _number(schema.get("multipleOf"))
-    if multiple is not None and float(multiple) > 0:
-        constraints["multiple_of"] = multiple
+    if multiple is not None and multiple > 0:
+        bounds["multiple_of"] = multiple
+    if integer:
+        bounds = _integer_bounds(bounds)
+    constraints: dict[str, str] = {}
+    for name, value in bounds.items():
+        try:
+            constraints[name] = repr(value)
+        except ValueError:  # an int with more digits than Python will print
+            pass
     return constraints
+
+
+def _integer_bounds(bounds: dict[str, int | float]) -> dict[str, int | float]:
+    """Bounds Pydantic accepts on an ``int``: integers only (a fractional bound is rounded inwards)."""
+    result: dict[str, int | float] = {}
+    for name, value in bounds.items():
+        if isinstance(value, int) or value.is_integer():
+            result[name] = int(value)
+        elif name in ("ge", "gt"):
+            result.setdefault("ge", math.ceil(value))
+        elif name in ("le", "lt"):
+            result.setdefault("le", math.floor(value))
+        # A fractional multipleOf cannot be checked on an int here; the server checks it.
+    return result
 
 
 def _string_constraints(schema: Mapping[str, Any]) -> dict[str, str]:
@@ -856,7 +875,10 @@ from ipybox.tool_exec.client import run_tool
 
 
 class _Model(BaseModel):
+    # defer_build: a model is compiled when first used, so importing a module costs little
+    # and forward references (recursive schemas) resolve without model_rebuild().
     model_config = ConfigDict(
+        defer_build=True,
         extra='allow',
         validate_by_name=True,
         validate_by_alias=True,
@@ -911,17 +933,10 @@ def render_tool_module(
     )
     reserved = set(module.names)
     parts = [docstring(module_doc), "", _HEADER]
-    defined: set[str] = set()
-    rebuild: list[str] = []
-    class_names = {cls.name for cls in module.classes}
     for cls in module.classes:
         parts.append("")
         parts.append(_render_class(cls, reserved))
         parts.append("")
-        defined.add(cls.name)
-        referenced = {token for item in cls.fields for token in _NAME_TOKEN.findall(item.annotation)}
-        if referenced & (class_names - defined):
-            rebuild.append(cls.name)
 
     returns = "Result" if output_schema is not None else "str"
     doc = (
@@ -941,10 +956,6 @@ def render_tool_module(
         parts.append("    return Result.model_validate(result)")
     else:
         parts.append("    return result if isinstance(result, str) else json.dumps(result)")
-    if rebuild:
-        parts.append("")
-        parts.append("")
-        parts.extend(f"{name}.model_rebuild()" for name in rebuild)
     code = "\n".join(parts) + "\n"
     _check_parses(code, tool_name)
     return code

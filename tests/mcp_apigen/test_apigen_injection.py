@@ -110,6 +110,18 @@ annotations_keys = st.fixed_dictionaries(
         "x-python-type": hostile_text,
         "x-python-import": st.just({"import": "os", "from": "os"}),
         "nullable": st.booleans(),
+        "minimum": scalar,
+        "maximum": scalar,
+        "exclusiveMinimum": scalar,
+        "exclusiveMaximum": scalar,
+        "multipleOf": scalar,
+        "minLength": scalar,
+        "maxLength": st.integers(min_value=-1, max_value=2**70),
+        "minItems": st.integers(min_value=-1, max_value=2**70),
+        "maxItems": scalar,
+        "uniqueItems": st.booleans(),
+        "additionalProperties": st.booleans(),
+        "required": st.lists(hostile_text, max_size=2),
     },
 )
 

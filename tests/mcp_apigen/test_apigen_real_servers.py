@@ -82,9 +82,7 @@ DEMO_CALLS: dict[str, tuple[dict[str, Any], DemoCheck]] = {
 async def test_demo_server_over_stdio_generates_modules_that_call_every_tool(
     root: Path, tool_server: ToolServer
 ) -> None:
-    _, modules = await generate_and_import(
-        root, {"command": sys.executable, "args": [str(DEMO_SERVER)]}
-    )
+    _, modules = await generate_and_import(root, {"command": sys.executable, "args": [str(DEMO_SERVER)]})
     assert {"echo", "greet", "add", "directory", "order", "slow", "fail", "crash", "getenv", "pid"} <= set(
         modules
     )
