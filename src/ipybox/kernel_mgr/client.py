@@ -49,10 +49,11 @@ class _Kernel:
 
     id: str
     ws: ClientConnection
-    session: str = field(default_factory=lambda: uuid.uuid4().hex)
+    session: str
     queues: dict[str, asyncio.Queue[dict[str, Any] | None]] = field(default_factory=dict)
     receiver: asyncio.Task[None] | None = None
     dead: bool = False
+    busy: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class KernelClient:
@@ -93,6 +94,7 @@ class KernelClient:
         self._spare: asyncio.Task[_Kernel] | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
+        self._pending = 0
 
     @property
     def kernel_id(self) -> str:
@@ -210,7 +212,10 @@ class KernelClient:
             KernelConnectionError: If not connected to a kernel.
         """
         kernel_id = self.kernel_id
-        assert self._http is not None
+        assert self._http is not None and self._kernel is not None
+        if self._pending:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kernel.busy.wait(), _INTERRUPT_GRACE)
         await self._http.post(f"/api/kernels/{kernel_id}/interrupt")
 
     async def execute(self, code: str, timeout: float = 120) -> ExecutionResult:
@@ -235,7 +240,7 @@ class KernelClient:
                     return item
         raise AssertionError("stream() always ends with an ExecutionResult")  # pragma: no cover
 
-    async def stream(self, code: str, timeout: float = 120) -> AsyncGenerator[str | ExecutionResult, None]:
+    def stream(self, code: str, timeout: float = 120) -> AsyncGenerator[str | ExecutionResult, None]:
         """Run code, yielding output text as it arrives and then the `ExecutionResult`.
 
         Args:
@@ -251,27 +256,41 @@ class KernelClient:
             TimeoutError: If the code ran longer than `timeout`; the kernel is
                 interrupted, keeps its state and stays usable.
         """
-        async with self._lock:
-            kernel = self._kernel
-            if kernel is None:
-                raise KernelConnectionError("The client is not connected to a kernel; call connect() first.")
-            if kernel.dead:
-                raise KernelDiedError(
-                    "The kernel has died and lost its state; call reset() to start a fresh one.",
-                    ename="KernelDied",
-                )
-            msg_id = uuid.uuid4().hex
-            queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-            kernel.queues[msg_id] = queue
-            try:
-                await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
-                async for item in self._collect(kernel, queue, time.monotonic() + timeout, timeout):
+        # Counted from the call, not from the first iteration, so that interrupt() knows an
+        # execution is on its way even before it reaches the kernel.
+        self._pending += 1
+        return self._stream(code, timeout)
+
+    async def _stream(self, code: str, timeout: float) -> AsyncGenerator[str | ExecutionResult, None]:
+        try:
+            async with self._lock:
+                async for item in self._stream_locked(code, timeout):
                     yield item
-            finally:
-                kernel.queues.pop(msg_id, None)
-                # Booting the spare only after the first execution keeps it from competing
-                # with the kernel that is starting up.
-                self._start_spare()
+        finally:
+            self._pending -= 1
+
+    async def _stream_locked(self, code: str, timeout: float) -> AsyncGenerator[str | ExecutionResult, None]:
+        kernel = self._kernel
+        if kernel is None:
+            raise KernelConnectionError("The client is not connected to a kernel; call connect() first.")
+        if kernel.dead:
+            raise KernelDiedError(
+                "The kernel has died and lost its state; call reset() to start a fresh one.",
+                ename="KernelDied",
+            )
+        msg_id = uuid.uuid4().hex
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        kernel.queues[msg_id] = queue
+        try:
+            await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
+            async for item in self._collect(kernel, queue, time.monotonic() + timeout, timeout):
+                yield item
+        finally:
+            kernel.queues.pop(msg_id, None)
+            kernel.busy.clear()
+            # Booting the spare only after the first execution keeps it from competing
+            # with the kernel that is starting up.
+            self._start_spare()
 
     async def _collect(
         self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
@@ -304,6 +323,10 @@ class KernelClient:
                     error = content
             elif msg_type == "status":
                 idle = content.get("execution_state") == "idle"
+            elif msg_type == "execute_input":
+                # Published once the kernel takes SIGINT as KeyboardInterrupt; before that
+                # it ignores the signal, so interrupt() waits for this.
+                kernel.busy.set()
             elif msg_type == "stream":
                 text = _ANSI.sub("", content.get("text", ""))
                 chunks.append(text)
@@ -358,9 +381,10 @@ class KernelClient:
                 f"The gateway refused to create a kernel (HTTP {response.status_code}): {response.text}"
             )
         kernel_id = response.json()["id"]
+        session = uuid.uuid4().hex
         try:
             ws = await websockets.connect(
-                f"ws://{self.host}:{self.port}/api/kernels/{kernel_id}/channels",
+                f"ws://{self.host}:{self.port}/api/kernels/{kernel_id}/channels?session_id={session}",
                 max_size=None,
                 ping_interval=self.ping_interval,
                 compression=None,
@@ -377,7 +401,7 @@ class KernelClient:
             with contextlib.suppress(Exception):
                 await self._http.delete(f"/api/kernels/{kernel_id}")
             raise
-        kernel = _Kernel(id=kernel_id, ws=ws)
+        kernel = _Kernel(id=kernel_id, ws=ws, session=session)
         kernel.receiver = asyncio.create_task(self._receive(kernel))
         return kernel
 

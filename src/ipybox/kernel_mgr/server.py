@@ -72,7 +72,7 @@ class KernelGateway:
         self.port = port or 0
         self.sandbox = sandbox
         self.sandbox_config = sandbox_config
-        self.log_level = log_level.upper()
+        self.log_level = _gateway_log_level(log_level)
         self.log_to_stderr = log_to_stderr
         self.env = dict(env or {})
         self._process: asyncio.subprocess.Process | None = None
@@ -177,6 +177,7 @@ class KernelGateway:
             f"--KernelGatewayApp.log_level={self.log_level}",
             "--JupyterWebsocketPersonality.list_kernels=True",
             f"--KernelGatewayApp.default_kernel_name={_KERNEL_NAME}",
+            "--KernelManager.transport_encryption=auto",
             # Agents read all output; the notebook's output throttling would drop some.
             "--ZMQChannelsWebsocketConnection.limit_rate=False",
         ]
@@ -239,6 +240,14 @@ class KernelGateway:
                     await asyncio.wait_for(self._announced.wait(), 0.25)
 
 
+def _gateway_log_level(level: str) -> str:
+    """Translate a Python logging level name to the gateway's spelling of it."""
+    name = level.upper()
+    if name not in ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"):
+        raise ValueError(f"Unknown log level {level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+    return "WARN" if name == "WARNING" else name
+
+
 _KERNEL_NAME = "ipybox-python"
 
 
@@ -262,7 +271,9 @@ def _write_kernel_spec() -> Path:
         ],
         "display_name": "Python 3 (ipybox)",
         "language": "python",
-        "metadata": {"debugger": False},
+        # Kernel channels are ZMQ sockets on localhost: encrypt them (CurveZMQ) so that
+        # other local users cannot read or inject kernel messages.
+        "metadata": {"debugger": False, "supported_encryption": ["curve"]},
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     return jupyter_dir

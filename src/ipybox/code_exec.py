@@ -1,0 +1,333 @@
+"""`CodeExecutor`: kernel, tool server and approval composed into one SDK object."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+from collections.abc import AsyncGenerator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from dotenv import load_dotenv
+
+from ipybox._errors import CodeExecutionError, ExecutionError, KernelDiedError
+from ipybox.kernel_mgr.client import ExecutionResult, KernelClient
+from ipybox.kernel_mgr.server import KernelGateway
+from ipybox.tool_exec._registry import ServerRegistry
+from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
+from ipybox.tool_exec.server import ToolServer
+
+__all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
+
+
+@dataclass(frozen=True)
+class CodeExecutionResult:
+    """The result of code that ran to completion.
+
+    Attributes:
+        text: The complete output text, or ``None`` if the code printed nothing.
+        images: Paths of the PNG images the code displayed.
+    """
+
+    text: str | None
+    images: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CodeExecutionChunk:
+    """A piece of output, yielded by `CodeExecutor.stream` with ``chunks=True``.
+
+    Attributes:
+        text: The output text of this chunk.
+    """
+
+    text: str
+
+
+_Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
+_END = object()
+
+
+class CodeExecutor:
+    """Runs Python in a stateful IPython kernel, with MCP tool calls approved by the application.
+
+    `start()` launches a tool server and a Jupyter Kernel Gateway and connects a kernel.
+    Code may call the modules written by `generate_mcp_sources`; every such call pauses
+    the code and surfaces as an `ApprovalRequest` from `stream()`, to be accepted or
+    rejected. The tool server runs only MCP servers recorded by `generate_mcp_sources`,
+    takes calls only with a token the kernel receives, and takes decisions only from this
+    executor, so code in the kernel cannot run, approve or redirect tool calls itself.
+
+    Example:
+        ```python
+        async with CodeExecutor() as executor:
+            async for item in executor.stream(code):
+                match item:
+                    case ApprovalRequest():
+                        await item.accept()
+                    case CodeExecutionResult():
+                        print(item.text)
+        ```
+
+    Args:
+        tool_server_host: Host the tool server binds to (the kernel connects to it).
+        tool_server_port: Port of the tool server; ``None`` picks a free one.
+        kernel_gateway_host: Host the kernel gateway binds to.
+        kernel_gateway_port: Port of the kernel gateway; ``None`` picks a free one.
+        kernel_env: Environment variables for the kernel. The kernel does not inherit the
+            application's environment.
+        images_dir: Folder for PNG images the code displays; default ``./images``.
+        approval_timeout: Seconds to wait for each approval decision.
+        connect_timeout: Seconds to wait for an MCP server to start.
+        sandbox: Run the kernel inside Anthropic's sandbox-runtime.
+        sandbox_config: Path of a sandbox-runtime settings file.
+        log_level: Log level of the tool server and kernel gateway.
+    """
+
+    def __init__(
+        self,
+        tool_server_host: str = "localhost",
+        tool_server_port: int | None = None,
+        kernel_gateway_host: str = "localhost",
+        kernel_gateway_port: int | None = None,
+        kernel_env: dict[str, str] | None = None,
+        images_dir: Path | None = None,
+        approval_timeout: float = 60,
+        connect_timeout: float = 30,
+        sandbox: bool = False,
+        sandbox_config: Path | None = None,
+        log_level: str = "WARNING",
+    ) -> None:
+        self.tool_server_host = tool_server_host
+        self.tool_server_port = tool_server_port
+        self.kernel_gateway_host = kernel_gateway_host
+        self.kernel_gateway_port = kernel_gateway_port
+        self.kernel_env = dict(kernel_env or {})
+        self.images_dir = images_dir
+        self.approval_timeout = approval_timeout
+        self.connect_timeout = connect_timeout
+        self.sandbox = sandbox
+        self.sandbox_config = sandbox_config
+        self.log_level = log_level
+        self._stack: AsyncExitStack | None = None
+        self._tool_server: ToolServer | None = None
+        self._kernel: KernelClient | None = None
+        self._lock = asyncio.Lock()
+        self._requests: asyncio.Queue[_Item | object] | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start the tool server and kernel gateway and connect a kernel.
+
+        A start that fails stops whatever it had started.
+
+        Raises:
+            RuntimeError: If the executor is already started.
+            GatewayError: If the kernel gateway could not start.
+            KernelConnectionError: If no kernel could be created.
+        """
+        if self._stack is not None:
+            raise RuntimeError("The code executor is already started; call stop() first.")
+        load_dotenv(Path.cwd() / ".env", override=False)
+        token = secrets.token_urlsafe(32)
+        approval_secret = secrets.token_urlsafe(32)
+        async with AsyncExitStack() as stack:
+            tool_server = ToolServer(
+                host=self.tool_server_host,
+                port=self.tool_server_port or 0,
+                approval_required=True,
+                approval_timeout=self.approval_timeout,
+                connect_timeout=self.connect_timeout,
+                log_level=self.log_level,
+                log_to_stderr=True,
+                registry=ServerRegistry(),
+                token=token,
+                approval_secret=approval_secret,
+            )
+            await stack.enter_async_context(tool_server)
+            kernel_env = {
+                **self.kernel_env,
+                "TOOL_SERVER_HOST": self.tool_server_host,
+                "TOOL_SERVER_PORT": str(tool_server.port),
+                "TOOL_SERVER_TOKEN": token,
+            }
+            gateway = KernelGateway(
+                host=self.kernel_gateway_host,
+                port=self.kernel_gateway_port,
+                sandbox=self.sandbox,
+                sandbox_config=self.sandbox_config,
+                log_level=self.log_level,
+                env=kernel_env,
+            )
+            await stack.enter_async_context(gateway)
+            kernel = KernelClient(
+                host=self.kernel_gateway_host, port=gateway.port, images_dir=self.images_dir
+            )
+            await stack.enter_async_context(kernel)
+            approval = ApprovalClient(
+                callback=self._on_approval_request,
+                host=self.tool_server_host,
+                port=tool_server.port,
+                secret=approval_secret,
+            )
+            await stack.enter_async_context(approval)
+            self._tool_server, self._kernel = tool_server, kernel
+            self._stack = stack.pop_all()
+
+    async def stop(self) -> None:
+        """Stop the kernel, the kernel gateway and the tool server with its MCP servers.
+
+        Stopping a stopped executor does nothing.
+        """
+        stack, self._stack = self._stack, None
+        self._tool_server = self._kernel = None
+        if stack is not None:
+            await stack.aclose()
+
+    async def reset(self) -> None:
+        """Give the executor a fresh kernel and stop all MCP servers.
+
+        Variables, imports and definitions are gone; MCP servers start again on their
+        next tool call.
+
+        Raises:
+            RuntimeError: If the executor is not started.
+        """
+        kernel, tool_server = self._require_started()
+        async with self._lock:
+            await asyncio.gather(kernel.reset(), tool_server.reset())
+
+    async def cancel(self) -> None:
+        """Interrupt the running execution, if any, from another task.
+
+        The interrupted `stream()` or `execute()` raises `CodeExecutionError` with
+        ``ename == "KeyboardInterrupt"``; the kernel keeps its state.
+        """
+        kernel, _ = self._require_started()
+        if self._lock.locked():
+            await kernel.interrupt()
+
+    async def execute(self, code: str, timeout: float = 120) -> CodeExecutionResult:
+        """Run code, approving every tool call it makes, and return the result.
+
+        Args:
+            code: Python code; top-level ``await`` works.
+            timeout: Seconds the whole execution may take.
+
+        Returns:
+            The complete output text and images.
+
+        Raises:
+            CodeExecutionError: If the code raised, including a failed tool call.
+            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
+                its state and the executor stays usable.
+        """
+        async with contextlib.aclosing(self.stream(code, timeout=timeout)) as items:
+            async for item in items:
+                if isinstance(item, ApprovalRequest):
+                    await item.accept()
+                elif isinstance(item, CodeExecutionResult):
+                    return item
+        raise AssertionError("stream() always ends with a CodeExecutionResult")  # pragma: no cover
+
+    async def stream(
+        self, code: str, timeout: float = 120, chunks: bool = False
+    ) -> AsyncGenerator[_Item, None]:
+        """Run code, yielding approval requests, output chunks and the final result.
+
+        Every tool call the code makes is yielded as an `ApprovalRequest`, and waits until
+        it is accepted or rejected (or `approval_timeout` passes). A rejected call raises
+        inside the kernel. A second `stream()` on the same executor waits for the first.
+
+        Args:
+            code: Python code; top-level ``await`` works.
+            timeout: Seconds the whole execution may take, approval waits included.
+            chunks: Also yield `CodeExecutionChunk` items as output arrives.
+
+        Yields:
+            `ApprovalRequest` and (with ``chunks=True``) `CodeExecutionChunk` items, then
+            one `CodeExecutionResult`.
+
+        Raises:
+            CodeExecutionError: If the code raised, a tool call was rejected or failed, or
+                the kernel died (it is replaced by a fresh one; state is lost).
+            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
+                its state and the executor stays usable.
+        """
+        kernel, _ = self._require_started()
+        async with self._lock:
+            items: asyncio.Queue[_Item | object] = asyncio.Queue()
+            self._requests = items
+            # The kernel stream is created here, not in the task, so that a cancel() from now
+            # on already finds the execution pending.
+            outputs = kernel.stream(code, timeout=timeout)
+            runner = asyncio.create_task(self._run(outputs, kernel, chunks, items))
+            try:
+                while True:
+                    item = await items.get()
+                    if item is _END:
+                        break
+                    assert isinstance(item, ApprovalRequest | CodeExecutionChunk | CodeExecutionResult)
+                    yield item
+                await runner
+            finally:
+                self._requests = None
+                if not runner.done():
+                    runner.cancel()
+                    with contextlib.suppress(BaseException):
+                        await runner
+                    with contextlib.suppress(Exception):
+                        await kernel.interrupt()
+
+    async def _run(
+        self,
+        outputs: AsyncGenerator[str | ExecutionResult, None],
+        kernel: KernelClient,
+        chunks: bool,
+        items: asyncio.Queue[_Item | object],
+    ) -> None:
+        try:
+            async for item in outputs:
+                if isinstance(item, ExecutionResult):
+                    items.put_nowait(CodeExecutionResult(text=item.text, images=item.images))
+                elif chunks:
+                    items.put_nowait(CodeExecutionChunk(text=item))
+        except KernelDiedError as exc:
+            await kernel.reset()
+            raise CodeExecutionError(
+                "The kernel died while running the code; a fresh kernel has replaced it and all "
+                "variables, imports and definitions are gone.",
+                ename=exc.ename,
+                evalue=exc.evalue,
+                traceback=exc.traceback,
+            ) from exc
+        except ExecutionError as exc:
+            raise CodeExecutionError(
+                str(exc), ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
+            ) from exc
+        finally:
+            items.put_nowait(_END)
+
+    async def _on_approval_request(self, request: ApprovalRequest) -> None:
+        if self._requests is None:
+            # No execution is running (e.g. a thread the code left behind): nobody can decide.
+            await request.reject()
+        else:
+            self._requests.put_nowait(request)
+
+    def _require_started(self) -> tuple[KernelClient, ToolServer]:
+        if self._kernel is None or self._tool_server is None:
+            raise RuntimeError("The code executor is not started; call start() or use 'async with'.")
+        return self._kernel, self._tool_server

@@ -1,0 +1,346 @@
+"""CodeExecutor end to end: real gateway, kernels, tool server and MCP servers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import pytest_asyncio
+
+from ipybox import (
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    generate_mcp_sources,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = {"command": sys.executable, "args": [str(ROOT / "tests" / "servers" / "demo_server.py")]}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A working directory with generated `mcptools/demo`, and a registry of its own."""
+    path = tmp_path_factory.mktemp("workdir")
+    old_cwd, old_state = Path.cwd(), os.environ.get("IPYBOX_STATE_DIR")
+    os.chdir(path)
+    os.environ["IPYBOX_STATE_DIR"] = str(path / "state")
+    try:
+        yield path
+    finally:
+        os.chdir(old_cwd)
+        if old_state is None:
+            os.environ.pop("IPYBOX_STATE_DIR", None)
+        else:
+            os.environ["IPYBOX_STATE_DIR"] = old_state
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def executor(workdir: Path) -> AsyncIterator[CodeExecutor]:
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    async with CodeExecutor(images_dir=workdir / "images", kernel_env={"GREETING": "hello"}) as ex:
+        yield ex
+
+
+async def collect(ex: CodeExecutor, code: str, decide: bool | None = True, **kwargs: object) -> list[object]:
+    items: list[object] = []
+    async for item in ex.stream(code, **kwargs):  # type: ignore[arg-type]
+        items.append(item)
+        if isinstance(item, ApprovalRequest) and decide is not None:
+            await (item.accept() if decide else item.reject())
+    return items
+
+
+async def test_execute_returns_output_and_state_persists(executor: CodeExecutor) -> None:
+    await executor.execute("counter = 41")
+    result = await executor.execute("counter += 1\nprint(counter)")
+    assert result == CodeExecutionResult(text="42", images=[])
+
+
+async def test_tool_calls_surface_as_approval_requests_and_return_typed_results(
+    executor: CodeExecutor,
+) -> None:
+    code = """
+from mcptools.demo import add, echo
+total = add.run(add.Params(a=2, b=3))
+print(type(total).__name__, total.sum)
+print(echo.run(echo.Params(text="hi")))
+"""
+    items = await collect(executor, code)
+    requests = [i for i in items if isinstance(i, ApprovalRequest)]
+    assert [(r.server_name, r.tool_name, r.tool_args) for r in requests] == [
+        ("demo", "add", {"a": 2, "b": 3}),
+        ("demo", "echo", {"text": "hi"}),
+    ]
+    assert items[-1] == CodeExecutionResult(text="Result 5\nhi", images=[])
+
+
+async def test_tool_calls_compose_in_loops_and_conditionals(executor: CodeExecutor) -> None:
+    code = """
+from mcptools.demo import add
+total = 0
+for n in range(5):
+    if n % 2 == 0:
+        total = add.run(add.Params(a=total, b=n)).sum
+print(total)
+"""
+    result = await executor.execute(code)
+    assert result.text == "6"
+
+
+async def test_a_rejected_call_ends_the_code_with_an_error_saying_rejected(executor: CodeExecutor) -> None:
+    code = "from mcptools.demo import echo\necho.run(echo.Params(text='no'))"
+    with pytest.raises(CodeExecutionError, match="rejected") as info:
+        await collect(executor, code, decide=False)
+    assert info.value.ename == "ToolRunnerError"
+
+
+async def test_a_rejected_call_can_be_caught_by_the_code(executor: CodeExecutor) -> None:
+    code = """
+from mcptools.demo import echo
+from ipybox.tool_exec.client import ToolRunnerError
+try:
+    echo.run(echo.Params(text="no"))
+except ToolRunnerError as e:
+    print("caught", e.kind)
+"""
+    items = await collect(executor, code, decide=False)
+    assert items[-1] == CodeExecutionResult(text="caught rejected", images=[])
+
+
+async def test_a_failing_tool_reports_the_servers_message(executor: CodeExecutor) -> None:
+    code = "from mcptools.demo import fail\nfail.run(fail.Params(message='disk full'))"
+    with pytest.raises(CodeExecutionError, match="disk full"):
+        await executor.execute(code)
+
+
+async def test_chunks_arrive_while_output_is_produced(executor: CodeExecutor) -> None:
+    items = await collect(executor, "print('chunk 1')\nprint('chunk 2')", chunks=True)
+    chunks = [i.text for i in items if isinstance(i, CodeExecutionChunk)]
+    assert "".join(chunks) == "chunk 1\nchunk 2\n"
+    assert items[-1] == CodeExecutionResult(text="chunk 1\nchunk 2", images=[])
+
+
+async def test_plots_come_back_as_png_files(executor: CodeExecutor, workdir: Path) -> None:
+    result = await executor.execute(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()"
+    )
+    assert len(result.images) == 1
+    assert result.images[0].parent == workdir / "images"
+    assert result.images[0].read_bytes().startswith(b"\x89PNG")
+
+
+async def test_kernel_env_reaches_the_kernel(executor: CodeExecutor) -> None:
+    result = await executor.execute("import os\nprint(os.environ['GREETING'], os.getcwd())")
+    assert result.text == f"hello {Path.cwd()}"
+
+
+async def test_timeout_interrupts_and_the_executor_keeps_its_state(executor: CodeExecutor) -> None:
+    await executor.execute("survivor = 'yes'")
+    with pytest.raises(TimeoutError):
+        await executor.execute("import time\ntime.sleep(30)", timeout=1)
+    assert (await executor.execute("print(survivor)")).text == "yes"
+
+
+async def test_timeout_covers_time_spent_waiting_for_approval(executor: CodeExecutor) -> None:
+    code = "from mcptools.demo import echo\necho.run(echo.Params(text='slow decision'))"
+    with pytest.raises(TimeoutError):
+        await collect(executor, code, decide=None, timeout=1)
+    assert (await executor.execute("print('usable')")).text == "usable"
+
+
+async def test_cancel_stops_a_running_execution_from_another_task(executor: CodeExecutor) -> None:
+    await executor.execute("kept_after_cancel = 1")
+
+    async def cancel_when_running() -> None:
+        while not executor._lock.locked():
+            await asyncio.sleep(0.01)
+        await executor.cancel()
+
+    canceller = asyncio.create_task(cancel_when_running())
+    with pytest.raises(CodeExecutionError) as info:
+        await executor.execute("import time\nprint('started', flush=True)\ntime.sleep(30)")
+    await canceller
+    assert info.value.ename == "KeyboardInterrupt"
+    assert (await executor.execute("print(kept_after_cancel)")).text == "1"
+
+
+async def test_a_second_stream_waits_for_the_first(executor: CodeExecutor) -> None:
+    first = asyncio.create_task(executor.execute("import time\ntime.sleep(0.5)\nprint('first')"))
+    second = asyncio.create_task(executor.execute("print('second')"))
+    assert [r.text for r in await asyncio.gather(first, second)] == ["first", "second"]
+
+
+async def test_reset_clears_state_and_restarts_mcp_servers(executor: CodeExecutor) -> None:
+    code = "from mcptools.demo import pid\nprint(pid.run(pid.Params()))"
+    before = (await executor.execute(code)).text
+    await executor.execute("doomed = 1")
+    await executor.reset()
+    after = (await executor.execute(code)).text
+    assert before != after
+    assert (await executor.execute("print('doomed' in dir())")).text == "False"
+
+
+async def test_a_dead_kernel_is_reported_and_replaced(executor: CodeExecutor) -> None:
+    with pytest.raises(CodeExecutionError, match="kernel died"):
+        await executor.execute("import os\nos._exit(1)")
+    assert (await executor.execute("print('replaced')")).text == "replaced"
+
+
+async def test_the_kernel_cannot_run_unregistered_servers_or_approve_calls(
+    executor: CodeExecutor, workdir: Path
+) -> None:
+    """S1, S2, S4 attacked from real kernel code."""
+    marker = workdir / "pwned"
+    code = f"""
+import json, os, http.client
+host, port, token = os.environ["TOOL_SERVER_HOST"], int(os.environ["TOOL_SERVER_PORT"]), os.environ["TOOL_SERVER_TOKEN"]
+def post(body, headers):
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.request("POST", "/run", json.dumps(body), {{"Content-Type": "application/json", **headers}})
+    response = conn.getresponse()
+    return response.status
+forged = {{"server_name": "demo", "tool_name": "echo", "tool_args": {{"text": "x"}},
+          "server_params": {{"command": "touch", "args": [{str(marker)!r}]}}}}
+unknown = {{"server_name": "evil", "tool_name": "echo", "tool_args": {{}}}}
+print(post(forged, {{"Authorization": "Bearer " + token}}),
+      post(unknown, {{"Authorization": "Bearer " + token}}),
+      post(unknown, {{}}))
+"""
+    result = await executor.execute(code)
+    statuses = [int(s) for s in (result.text or "").split()]
+    assert statuses[0] in (400, 403)
+    assert statuses[1] == 404
+    assert statuses[2] == 401
+    assert not marker.exists()
+
+    rogue = """
+import asyncio, os
+import websockets
+async def attempt():
+    url = f"ws://{os.environ['TOOL_SERVER_HOST']}:{os.environ['TOOL_SERVER_PORT']}/approval"
+    try:
+        async with websockets.connect(url, additional_headers={"Authorization": "Bearer " + os.environ["TOOL_SERVER_TOKEN"]}) as ws:
+            await ws.recv()
+            return "connected"
+    except Exception as e:
+        return "refused"
+print(await attempt())
+"""
+    assert (await executor.execute(rogue)).text == "refused"
+    # The executor's own approval channel still works.
+    assert (
+        await executor.execute("from mcptools.demo import echo\nprint(echo.run(echo.Params(text='ok')))")
+    ).text == "ok"
+
+
+async def test_secrets_in_server_params_never_reach_the_kernel(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3: a ${VAR} secret reaches the MCP server, not the kernel, the generated files or the registry."""
+    secret = "s3cr3t-value-for-test"
+    monkeypatch.setenv("DEMO_SECRET", secret)
+    params = {**DEMO, "env": {"DEMO_SECRET": "${DEMO_SECRET}"}}
+    await generate_mcp_sources("secretive", params, workdir / "mcptools")
+    async with CodeExecutor() as ex:
+        code = """
+import os
+from mcptools.secretive import getenv
+print(getenv.run(getenv.Params(name="DEMO_SECRET")))
+print("DEMO_SECRET" in os.environ)
+"""
+        result = await ex.execute(code)
+    assert result.text == f"{secret}\nFalse"
+    for path in (workdir / "mcptools" / "secretive").rglob("*.py"):
+        assert secret not in path.read_text()
+    for path in (workdir / "state").rglob("*"):
+        if path.is_file():
+            assert secret not in path.read_text()
+
+
+async def test_dotenv_of_the_working_directory_is_loaded_on_start(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (workdir / ".env").write_text("DOTENV_ONLY_VALUE=from-dotenv\n")
+    monkeypatch.delenv("DOTENV_ONLY_VALUE", raising=False)
+    params = {**DEMO, "env": {"DOTENV_ONLY_VALUE": "${DOTENV_ONLY_VALUE}"}}
+    try:
+        await generate_mcp_sources("dotenvdemo", params, workdir / "mcptools")
+        async with CodeExecutor() as ex:
+            code = "from mcptools.dotenvdemo import getenv\nprint(getenv.run(getenv.Params(name='DOTENV_ONLY_VALUE')))"
+            assert (await ex.execute(code)).text == "from-dotenv"
+    finally:
+        (workdir / ".env").unlink()
+        os.environ.pop("DOTENV_ONLY_VALUE", None)
+
+
+async def test_an_unanswered_approval_expires(workdir: Path) -> None:
+    async with CodeExecutor(approval_timeout=0.5) as ex:
+        code = "from mcptools.demo import echo\necho.run(echo.Params(text='x'))"
+        with pytest.raises(CodeExecutionError, match="expired"):
+            await collect(ex, code, decide=None)
+
+
+async def test_executors_are_independent(workdir: Path) -> None:
+    async with CodeExecutor() as one, CodeExecutor() as two:
+        await asyncio.gather(one.execute("who = 'one'"), two.execute("who = 'two'"))
+        texts = await asyncio.gather(one.execute("print(who)"), two.execute("print(who)"))
+        assert [t.text for t in texts] == ["one", "two"]
+        await one.reset()
+        assert (await two.execute("print(who)")).text == "two"
+
+
+async def test_code_generated_in_another_process_works_without_configuration(workdir: Path) -> None:
+    script = (
+        "import asyncio, sys\nfrom pathlib import Path\nfrom ipybox import generate_mcp_sources\n"
+        f"asyncio.run(generate_mcp_sources('elsewhere', {json.dumps(DEMO)}, Path('mcptools')))\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=workdir, env=os.environ.copy(), timeout=60)
+    async with CodeExecutor() as ex:
+        code = "from mcptools.elsewhere import add\nprint(add.run(add.Params(a=1, b=1)).sum)"
+        assert (await ex.execute(code)).text == "2"
+
+
+async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
+    import socket
+
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with socket.socket() as blocker:
+        blocker.bind(("localhost", 0))
+        blocker.listen()
+        ex = CodeExecutor(kernel_gateway_port=blocker.getsockname()[1])
+        with pytest.raises(RuntimeError, match="gateway"):
+            await ex.start()
+    after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE}
+    assert after <= before
+    with pytest.raises(RuntimeError, match="not started"):
+        await ex.execute("1")
+
+
+async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "examples" / "quickstart.py"),
+        "--yes",
+        cwd=tmp_path,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 90)
+    text = out.decode()
+    assert process.returncode == 0, text
+    assert "best rated: Fluent Python" in text
+    assert "lent to Ada" in text
