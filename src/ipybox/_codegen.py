@@ -1,17 +1,16 @@
 """Compile MCP tool schemas into Python modules with Pydantic v2 models (application side only).
 
 This is a small JSON Schema compiler written for ipybox rather than a call into
-``datamodel-code-generator``. Measured on a 100-tool server with nested input and output
-schemas (2 cores): datamodel-code-generator 0.89 needs ~1.4 s for one batched run once
-warm and ~1.7 s in a fresh process (plus ~1 s more where no bytecode cache can be written),
-which alone is over the whole budget of ``generate_mcp_sources`` (~1.5 s); this compiler
-takes ~30 ms for the same tools. ``benchmarks``-style figures come from
-``tests/mcp_apigen/measure_generation.py``.
+``datamodel-code-generator``, for speed: on a 100-tool server with nested input and output
+schemas (2 shared cores) datamodel-code-generator 0.89 needs ~1.5 s for one batched run once
+warm and ~3 s in a fresh process, over the whole budget of ``generate_mcp_sources``
+(~1.5 s, server start included); this compiler needs ~70 ms for the same tools. Figures come
+from ``tests/mcp_apigen/measure_generation.py --compare-dcg``.
 
 Why the output is safe (ARCHITECTURE S5): text from a server reaches a module only as
 
-- a string literal made by :func:`str_literal` or :func:`docstring` (both checked to read back
-  as exactly the text they encode), or
+- a string literal made by :func:`str_literal` (``repr``) or :func:`docstring` (escaped, and
+  checked to read back as the text it encodes), or
 - an identifier made by :func:`module_name`, :func:`_pascal` or :func:`_field_name`, which keep
   only ``[A-Za-z0-9_]``.
 
@@ -35,6 +34,7 @@ from urllib.parse import unquote
 __all__ = [
     "SchemaError",
     "docstring",
+    "is_identifier",
     "module_name",
     "module_names",
     "render_package_init",

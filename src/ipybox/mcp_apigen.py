@@ -20,9 +20,8 @@ servers reject ``null`` for a parameter that is merely optional. The price is th
 from __future__ import annotations
 
 import logging
-import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -100,25 +99,33 @@ async def generate_mcp_sources(
 
 def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> list[str]:
     sources = render_sources(server_name, tools)
+    target = root_dir / server_name
+    # Written next to the target and swapped in, so a failure never leaves half a package.
+    # (mkdir, not mkdtemp: the package directory gets the usual permissions, not 0700.)
+    staging = root_dir / f".{server_name}.{secrets.token_hex(6)}.new"
+    retired = root_dir / f".{server_name}.{secrets.token_hex(6)}.old"
     try:
         root_dir.mkdir(parents=True, exist_ok=True)
-        # Written next to the target and swapped in, so a failure never leaves half a package.
-        staging = Path(tempfile.mkdtemp(prefix=f".{server_name}.", dir=root_dir))
+        staging.mkdir()
         try:
             for module, code in sources.items():
                 (staging / f"{module}.py").write_text(code, encoding="utf-8")
-            target = root_dir / server_name
             if target.is_symlink() or target.is_file():
                 target.unlink()
             elif target.exists():
-                shutil.rmtree(target)
-            os.replace(staging, target)
-        except BaseException:
+                target.rename(retired)
+            try:
+                staging.rename(target)
+            except OSError:
+                if retired.exists():
+                    retired.rename(target)
+                raise
+        finally:
             shutil.rmtree(staging, ignore_errors=True)
-            raise
+            shutil.rmtree(retired, ignore_errors=True)
     except OSError as exc:
         raise ApiGenerationError(
-            f"Could not write the package for MCP server {server_name!r} to {root_dir / server_name}: {exc}"
+            f"Could not write the package for MCP server {server_name!r} to {target}: {exc}"
         ) from exc
     return sorted(module for module in sources if module != "__init__")
 
