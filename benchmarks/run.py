@@ -127,7 +127,7 @@ def fmt_value(result: dict[str, Any] | None) -> str:
         return "n/a"
     value = float(result["value"])
     if result["unit"] == "MB":
-        return f"{value:.0f} MB (RSS {float(result['rss_mb']):.0f})"
+        return f"{value:.0f} MB (RSS {float(result['rss_mb']):.0f}, {result['processes']} proc)"
     if value >= 1000:
         return f"{value / 1000:.2f} s"
     if value >= 100:
