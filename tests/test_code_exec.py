@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -162,18 +161,33 @@ async def test_timeout_covers_time_spent_waiting_for_approval(executor: CodeExec
 
 async def test_cancel_stops_a_running_execution_from_another_task(executor: CodeExecutor) -> None:
     await executor.execute("kept_after_cancel = 1")
+    running = asyncio.Event()
 
-    async def cancel_when_running() -> None:
-        while not executor._lock.locked():
-            await asyncio.sleep(0.01)
-        await executor.cancel()
+    async def run() -> list[object]:
+        items: list[object] = []
+        async for item in executor.stream(
+            "import time\nprint('started', flush=True)\ntime.sleep(30)", chunks=True
+        ):
+            items.append(item)
+            running.set()
+        return items
 
-    canceller = asyncio.create_task(cancel_when_running())
+    execution = asyncio.create_task(run())
+    await running.wait()
+    await executor.cancel()
     with pytest.raises(CodeExecutionError) as info:
-        await executor.execute("import time\nprint('started', flush=True)\ntime.sleep(30)")
-    await canceller
+        await execution
     assert info.value.ename == "KeyboardInterrupt"
     assert (await executor.execute("print(kept_after_cancel)")).text == "1"
+
+
+async def test_cancel_right_after_the_execution_was_submitted_still_lands(executor: CodeExecutor) -> None:
+    execution = asyncio.create_task(executor.execute("import time\ntime.sleep(30)"))
+    while not executor._lock.locked():  # noqa: ASYNC110  # the lock is taken on the task's first step
+        await asyncio.sleep(0)
+    await executor.cancel()
+    with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
+        await execution
 
 
 async def test_a_second_stream_waits_for_the_first(executor: CodeExecutor) -> None:
@@ -306,7 +320,8 @@ async def test_code_generated_in_another_process_works_without_configuration(wor
         "import asyncio, sys\nfrom pathlib import Path\nfrom ipybox import generate_mcp_sources\n"
         f"asyncio.run(generate_mcp_sources('elsewhere', {json.dumps(DEMO)}, Path('mcptools')))\n"
     )
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=workdir, env=os.environ.copy(), timeout=60)
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", script, cwd=workdir)
+    assert await asyncio.wait_for(process.wait(), 60) == 0
     async with CodeExecutor() as ex:
         code = "from mcptools.elsewhere import add\nprint(add.run(add.Params(a=1, b=1)).sum)"
         assert (await ex.execute(code)).text == "2"
