@@ -182,8 +182,10 @@ def docstring(text: str, indent: str = "") -> str:
         if len(line) <= _WRAP:
             lines.append(line)
             continue
-        # Long lines are wrapped for reading; each source line separately, keeping its indent.
+        # Long lines are wrapped for reading, each on its own, keeping its indentation.
         lead = line[: len(line) - len(line.lstrip())]
+        if line.lstrip().startswith(("- ", "* ")):
+            lead += "  "  # a bullet's continuation lines hang under its text
         lines.extend(
             textwrap.wrap(line, _WRAP, subsequent_indent=lead, break_long_words=False, break_on_hyphens=False)
             or [line]

@@ -15,6 +15,7 @@ from typing import Any
 from mcp.types import Tool
 
 TOOLS_SERVER = Path(__file__).with_name("tools_server.py")
+DEMO_SERVER = Path(__file__).parents[1] / "servers" / "demo_server.py"
 
 # What a generated module may import: json, Pydantic, typing and the kernel-side client, nothing else.
 ALLOWED_IMPORTS = {"__future__", "typing", "pydantic", "ipybox.tool_exec.client"}

@@ -10,11 +10,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from apigen_support import DEMO_SERVER
 
 from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.server import ToolServer
-
-DEMO_SERVER = Path(__file__).parents[1] / "servers" / "demo_server.py"
 
 
 @pytest.fixture(autouse=True)

@@ -16,8 +16,7 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
-from apigen_support import check_source, importable, unique_package
-from conftest import DEMO_SERVER
+from apigen_support import DEMO_SERVER, check_source, importable, unique_package
 
 from ipybox._errors import ToolRunnerError
 from ipybox.mcp_apigen import generate_mcp_sources
