@@ -81,7 +81,7 @@ async def generate_mcp_sources(
             f"server_name {server_name!r} cannot name a Python package: use ASCII letters, digits and "
             "underscores, not starting with a digit and not a Python keyword (e.g. 'brave_search')."
         )
-    # Imported here: the MCP SDK is a heavy import that only generation needs.
+    # Imported on first use: the MCP SDK is a heavy import, and `import ipybox` stays cheap.
     from ipybox.tool_exec._mcp import list_tools
     from ipybox.tool_exec._registry import ServerRegistry
 
