@@ -254,8 +254,8 @@ _KERNEL_NAME = "ipybox-python"
 def _write_kernel_spec() -> Path:
     """Write the kernel spec of ipybox kernels to a fresh folder for the gateway's JUPYTER_PATH.
 
-    Kernels run this interpreter's ipykernel. IPython's history database is turned off:
-    agents do not read it, and writing it costs a few ms on every execution.
+    Kernels run this interpreter's ipykernel with `_KERNEL_ARGS`. IPython's history database
+    is turned off: agents do not read it, and writing it costs a few ms on every execution.
     """
     jupyter_dir = Path(tempfile.mkdtemp(prefix="ipybox-jupyter-"))
     spec_dir = jupyter_dir / "kernels" / _KERNEL_NAME
@@ -279,7 +279,13 @@ def _write_kernel_spec() -> Path:
     return jupyter_dir
 
 
-_KERNEL_ARGS = ["--HistoryManager.enabled=False"]
+_KERNEL_ARGS = [
+    "--HistoryManager.enabled=False",
+    # ipykernel sleeps 0.5 ms before every execute reply so that output tends to arrive
+    # first on notebook frontends. KernelClient waits for the iopub idle status, which
+    # always follows the output, so the sleep only adds latency.
+    "--IPythonKernel._execute_sleep=0",
+]
 
 
 async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -> None:
