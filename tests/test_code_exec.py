@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
@@ -276,6 +277,12 @@ print("DEMO_SECRET" in os.environ)
 """
         result = await ex.execute(code)
     assert result.text == f"{secret}\nFalse"
+    if sys.platform == "linux":
+        async with CodeExecutor() as ex:
+            code = (
+                "import os\nprint(open(f'/proc/{os.getppid()}/environ', 'rb').read().count(b'DEMO_SECRET'))"
+            )
+            assert (await ex.execute(code)).text == "0"  # not even the gateway process has it
     for path in (workdir / "mcptools" / "secretive").rglob("*.py"):
         assert secret not in path.read_text()
     for path in (workdir / "state").rglob("*"):
@@ -359,3 +366,28 @@ async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> Non
     assert process.returncode == 0, text
     assert "best rated: Fluent Python" in text
     assert "lent to Ada" in text
+
+
+async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExecutor) -> None:
+    import httpx
+
+    assert executor._kernel is not None
+    async with httpx.AsyncClient() as http:
+        response = await http.post(f"http://localhost:{executor._kernel.port}/api/kernels", json={})
+    assert response.status_code in (401, 403)
+
+
+async def test_closing_a_stream_early_rejects_the_call_waiting_for_approval(executor: CodeExecutor) -> None:
+    code = """
+from mcptools.demo import echo
+from ipybox.tool_exec.client import ToolRunnerError
+try:
+    echo.run(echo.Params(text="abandoned"))
+except ToolRunnerError as e:
+    print(e.kind)
+"""
+    async with contextlib.aclosing(executor.stream(code)) as items:
+        async for item in items:
+            assert isinstance(item, ApprovalRequest)
+            break  # walk away without deciding
+    assert (await executor.execute("print('next')")).text == "next"

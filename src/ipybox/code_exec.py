@@ -12,9 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from dotenv import load_dotenv
-
-from ipybox._errors import CodeExecutionError, ExecutionError, KernelDiedError
+from ipybox._errors import CodeExecutionError, ExecutionError, KernelConnectionError, KernelDiedError
 from ipybox.kernel_mgr.client import ExecutionResult, KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from ipybox.tool_exec._registry import ServerRegistry
@@ -49,7 +47,6 @@ class CodeExecutionChunk:
 
 
 _Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
-_END = object()
 
 
 class CodeExecutor:
@@ -117,7 +114,7 @@ class CodeExecutor:
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
         self._lock = asyncio.Lock()
-        self._requests: asyncio.Queue[_Item | object] | None = None
+        self._requests: asyncio.Queue[_Item | None] | None = None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -140,8 +137,10 @@ class CodeExecutor:
         """
         if self._stack is not None:
             raise RuntimeError("The code executor is already started; call stop() first.")
-        load_dotenv(Path.cwd() / ".env", override=False)
+        # .env of the working directory is read when an MCP server starts (tool_exec._mcp),
+        # not copied into this process's environment.
         token = secrets.token_urlsafe(32)
+        gateway_token = secrets.token_urlsafe(32)
         approval_secret = secrets.token_urlsafe(32)
         async with AsyncExitStack() as stack:
             tool_server = ToolServer(
@@ -170,10 +169,14 @@ class CodeExecutor:
                 sandbox_config=self.sandbox_config,
                 log_level=self.log_level,
                 env=kernel_env,
+                auth_token=gateway_token,
             )
             await stack.enter_async_context(gateway)
             kernel = KernelClient(
-                host=self.kernel_gateway_host, port=gateway.port, images_dir=self.images_dir
+                host=self.kernel_gateway_host,
+                port=gateway.port,
+                images_dir=self.images_dir,
+                auth_token=gateway_token,
             )
             await stack.enter_async_context(kernel)
             approval = ApprovalClient(
@@ -217,7 +220,7 @@ class CodeExecutor:
         """
         kernel, _ = self._require_started()
         if self._lock.locked():
-            await kernel.interrupt()
+            await kernel.interrupt(wait_until_started=True)
 
     async def execute(self, code: str, timeout: float = 120) -> CodeExecutionResult:
         """Run code, approving every tool call it makes, and return the result.
@@ -268,35 +271,35 @@ class CodeExecutor:
         """
         kernel, _ = self._require_started()
         async with self._lock:
-            items: asyncio.Queue[_Item | object] = asyncio.Queue()
+            items: asyncio.Queue[_Item | None] = asyncio.Queue()  # None ends the stream
             self._requests = items
-            # The kernel stream is created here, not in the task, so that a cancel() from now
-            # on already finds the execution pending.
-            outputs = kernel.stream(code, timeout=timeout)
-            runner = asyncio.create_task(self._run(outputs, kernel, chunks, items))
+            runner = asyncio.create_task(
+                self._run(kernel.stream(code, timeout=timeout), kernel, chunks, items)
+            )
             try:
-                while True:
-                    item = await items.get()
-                    if item is _END:
-                        break
-                    assert isinstance(item, ApprovalRequest | CodeExecutionChunk | CodeExecutionResult)
+                while (item := await items.get()) is not None:
                     yield item
                 await runner
             finally:
                 self._requests = None
                 if not runner.done():
                     runner.cancel()
-                    with contextlib.suppress(BaseException):
-                        await runner
-                    with contextlib.suppress(Exception):
+                    await asyncio.wait({runner})
+                    with contextlib.suppress(KernelConnectionError):
                         await kernel.interrupt()
+                # Nobody is left to decide on calls still waiting: refuse them now rather
+                # than let them wait for the approval timeout.
+                while not items.empty():
+                    if isinstance(pending := items.get_nowait(), ApprovalRequest):
+                        with contextlib.suppress(Exception):
+                            await pending.reject()
 
     async def _run(
         self,
         outputs: AsyncGenerator[str | ExecutionResult, None],
         kernel: KernelClient,
         chunks: bool,
-        items: asyncio.Queue[_Item | object],
+        items: asyncio.Queue[_Item | None],
     ) -> None:
         try:
             async for item in outputs:
@@ -305,20 +308,23 @@ class CodeExecutor:
                 elif chunks:
                     items.put_nowait(CodeExecutionChunk(text=item))
         except KernelDiedError as exc:
-            await kernel.reset()
-            raise CodeExecutionError(
+            message = (
                 "The kernel died while running the code; a fresh kernel has replaced it and all "
-                "variables, imports and definitions are gone.",
-                ename=exc.ename,
-                evalue=exc.evalue,
-                traceback=exc.traceback,
+                "variables, imports and definitions are gone."
+            )
+            try:
+                await kernel.reset()
+            except KernelConnectionError as reset_error:
+                message = f"The kernel died while running the code, and no fresh kernel could be started ({reset_error})."
+            raise CodeExecutionError(
+                message, ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
             ) from exc
         except ExecutionError as exc:
             raise CodeExecutionError(
                 str(exc), ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
             ) from exc
         finally:
-            items.put_nowait(_END)
+            items.put_nowait(None)
 
     async def _on_approval_request(self, request: ApprovalRequest) -> None:
         if self._requests is None:

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import logging
 import re
 import time
 import uuid
@@ -23,6 +24,7 @@ from ipybox._errors import ExecutionError, KernelConnectionError, KernelDiedErro
 
 __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 
+logger = logging.getLogger(__name__)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _INTERRUPT_GRACE = 5.0
 # The channels handshake completes only once the new kernel answers; on a busy machine
@@ -76,6 +78,7 @@ class KernelClient:
         port: Port of the kernel gateway.
         images_dir: Folder for PNG images displayed by code; default ``./images``.
         ping_interval: Seconds between WebSocket pings that keep the connection alive.
+        auth_token: The gateway's `auth_token`, if it has one.
     """
 
     def __init__(
@@ -84,8 +87,11 @@ class KernelClient:
         port: int = 8888,
         images_dir: Path | None = None,
         ping_interval: float = 10,
+        *,
+        auth_token: str | None = None,
     ) -> None:
         self.host = host
+        self._headers = {"Authorization": f"token {auth_token}"} if auth_token else {}
         self.port = port
         self.images_dir = images_dir or Path("images")
         self.ping_interval = ping_interval
@@ -94,7 +100,6 @@ class KernelClient:
         self._spare: asyncio.Task[_Kernel] | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
-        self._pending = 0
 
     @property
     def kernel_id(self) -> str:
@@ -132,7 +137,9 @@ class KernelClient:
         """
         if self._kernel is not None:
             return
-        self._http = httpx.AsyncClient(base_url=self._base_url, timeout=httpx.Timeout(30.0, connect=5.0))
+        self._http = httpx.AsyncClient(
+            base_url=self._base_url, headers=self._headers, timeout=httpx.Timeout(30.0, connect=5.0)
+        )
         last_error: Exception | None = None
         for attempt in range(max(retries, 1)):
             try:
@@ -163,12 +170,10 @@ class KernelClient:
         spare, self._spare = self._spare, None
         to_close: list[_Kernel] = [kernel] if kernel else []
         if spare is not None:
-            if spare.done() and not spare.cancelled() and spare.exception() is None:
+            spare.cancel()
+            await asyncio.wait({spare})
+            if not spare.cancelled() and spare.exception() is None:
                 to_close.append(spare.result())
-            else:
-                spare.cancel()
-                with contextlib.suppress(BaseException):
-                    to_close.append(await spare)
         await asyncio.gather(
             *(self._close_kernel(k) for k in to_close), *self._closing, return_exceptions=True
         )
@@ -202,18 +207,23 @@ class KernelClient:
             self._closing.add(closing)
             closing.add_done_callback(self._closing.discard)
 
-    async def interrupt(self) -> None:
+    async def interrupt(self, *, wait_until_started: bool = False) -> None:
         """Interrupt the code running in the kernel, as Ctrl-C would.
 
         The running `execute` or `stream` then raises `ExecutionError` with
         ``ename == "KeyboardInterrupt"``; the kernel keeps its state.
+
+        Args:
+            wait_until_started: If the execution to interrupt was submitted but the kernel
+                has not started it yet, wait (a few seconds at most) until it has: a
+                kernel ignores interrupts between executions.
 
         Raises:
             KernelConnectionError: If not connected to a kernel.
         """
         kernel_id = self.kernel_id
         assert self._http is not None and self._kernel is not None
-        if self._pending:
+        if wait_until_started:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kernel.busy.wait(), _INTERRUPT_GRACE)
         await self._http.post(f"/api/kernels/{kernel_id}/interrupt")
@@ -240,7 +250,7 @@ class KernelClient:
                     return item
         raise AssertionError("stream() always ends with an ExecutionResult")  # pragma: no cover
 
-    def stream(self, code: str, timeout: float = 120) -> AsyncGenerator[str | ExecutionResult, None]:
+    async def stream(self, code: str, timeout: float = 120) -> AsyncGenerator[str | ExecutionResult, None]:
         """Run code, yielding output text as it arrives and then the `ExecutionResult`.
 
         Args:
@@ -256,41 +266,28 @@ class KernelClient:
             TimeoutError: If the code ran longer than `timeout`; the kernel is
                 interrupted, keeps its state and stays usable.
         """
-        # Counted from the call, not from the first iteration, so that interrupt() knows an
-        # execution is on its way even before it reaches the kernel.
-        self._pending += 1
-        return self._stream(code, timeout)
-
-    async def _stream(self, code: str, timeout: float) -> AsyncGenerator[str | ExecutionResult, None]:
-        try:
-            async with self._lock:
-                async for item in self._stream_locked(code, timeout):
+        async with self._lock:
+            kernel = self._kernel
+            if kernel is None:
+                raise KernelConnectionError("The client is not connected to a kernel; call connect() first.")
+            if kernel.dead:
+                raise KernelDiedError(
+                    "The kernel has died and lost its state; call reset() to start a fresh one.",
+                    ename="KernelDied",
+                )
+            msg_id = uuid.uuid4().hex
+            queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+            kernel.queues[msg_id] = queue
+            try:
+                await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
+                async for item in self._collect(kernel, queue, time.monotonic() + timeout, timeout):
                     yield item
-        finally:
-            self._pending -= 1
-
-    async def _stream_locked(self, code: str, timeout: float) -> AsyncGenerator[str | ExecutionResult, None]:
-        kernel = self._kernel
-        if kernel is None:
-            raise KernelConnectionError("The client is not connected to a kernel; call connect() first.")
-        if kernel.dead:
-            raise KernelDiedError(
-                "The kernel has died and lost its state; call reset() to start a fresh one.",
-                ename="KernelDied",
-            )
-        msg_id = uuid.uuid4().hex
-        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
-        kernel.queues[msg_id] = queue
-        try:
-            await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
-            async for item in self._collect(kernel, queue, time.monotonic() + timeout, timeout):
-                yield item
-        finally:
-            kernel.queues.pop(msg_id, None)
-            kernel.busy.clear()
-            # Booting the spare only after the first execution keeps it from competing
-            # with the kernel that is starting up.
-            self._start_spare()
+            finally:
+                kernel.queues.pop(msg_id, None)
+                kernel.busy.clear()
+                # Booting the spare only after the first execution keeps it from competing
+                # with the kernel that is starting up.
+                self._start_spare()
 
     async def _collect(
         self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
@@ -321,6 +318,11 @@ class KernelClient:
                 replied = True
                 if content.get("status") == "error" and error is None:
                     error = content
+                elif content.get("status") == "aborted":
+                    error = {
+                        "ename": "Aborted",
+                        "evalue": "The kernel aborted the execution without running it.",
+                    }
             elif msg_type == "status":
                 idle = content.get("execution_state") == "idle"
             elif msg_type == "execute_input":
@@ -389,6 +391,7 @@ class KernelClient:
                 ping_interval=self.ping_interval,
                 compression=None,
                 open_timeout=_OPEN_TIMEOUT,
+                additional_headers=self._headers,
                 subprotocols=[_WS_PROTOCOL],  # type: ignore[list-item]  # a plain str is a valid subprotocol
             )
             if ws.subprotocol != _WS_PROTOCOL:
@@ -430,7 +433,11 @@ class KernelClient:
                     queue.put_nowait(msg)
         except websockets.ConnectionClosed:
             pass
-        self._kernel_died(kernel)
+        except Exception:
+            # Without the router no execution can finish: report the kernel as lost.
+            logger.exception("Unreadable message from kernel %s; treating it as dead.", kernel.id)
+        finally:
+            self._kernel_died(kernel)
 
     @staticmethod
     def _kernel_died(kernel: _Kernel) -> None:
@@ -454,7 +461,8 @@ def _execute_request(session: str, msg_id: str, code: str) -> bytes:
         "store_history": True,
         "user_expressions": {},
         "allow_stdin": False,
-        "stop_on_error": True,
+        # Executions are independent: one that fails must not abort the next one queued.
+        "stop_on_error": False,
     }
     return _encode("shell", [header, {}, {}, content])
 

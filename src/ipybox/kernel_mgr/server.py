@@ -56,6 +56,9 @@ class KernelGateway:
         log_to_stderr: Forward the gateway's log lines to this process's stderr. Either
             way the last lines are kept and reported if the gateway fails.
         env: Environment variables for the kernels the gateway starts.
+        auth_token: If set, the gateway answers only requests that carry this token
+            (give the same token to `KernelClient`), so other local users cannot reach
+            its kernels.
     """
 
     def __init__(
@@ -67,8 +70,11 @@ class KernelGateway:
         log_level: str = "INFO",
         log_to_stderr: bool = False,
         env: dict[str, str] | None = None,
+        *,
+        auth_token: str | None = None,
     ) -> None:
         self.host = host
+        self.auth_token = auth_token
         self.port = port or 0
         self.sandbox = sandbox
         self.sandbox_config = sandbox_config
@@ -124,13 +130,18 @@ class KernelGateway:
         self._log_tail.clear()
         self._announced = asyncio.Event()
         self._jupyter_dir = _write_kernel_spec()
-        self._process = await asyncio.create_subprocess_exec(
-            *self._command(),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-            env=self._gateway_env(),
-        )
+        try:
+            self._process = await asyncio.create_subprocess_exec(
+                *self._command(),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self._gateway_env(),
+            )
+        except BaseException:
+            shutil.rmtree(self._jupyter_dir, ignore_errors=True)
+            self._jupyter_dir = None
+            raise
         self._reader = asyncio.create_task(self._read_output(self._process))
         try:
             await self._wait_ready(timeout)
@@ -157,8 +168,9 @@ class KernelGateway:
                 shutil.rmtree(self._jupyter_dir, ignore_errors=True)
                 self._jupyter_dir = None
             if self._reader is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await asyncio.wait_for(self._reader, 1)
+                # The pipe closes with the process; the reader then ends by itself.
+                await asyncio.wait({self._reader}, timeout=1)
+                self._reader.cancel()
                 self._reader = None
 
     async def join(self) -> None:
@@ -175,7 +187,6 @@ class KernelGateway:
             f"--KernelGatewayApp.port={self.port}",
             "--KernelGatewayApp.port_retries=0",
             f"--KernelGatewayApp.log_level={self.log_level}",
-            "--JupyterWebsocketPersonality.list_kernels=True",
             f"--KernelGatewayApp.default_kernel_name={_KERNEL_NAME}",
             "--KernelManager.transport_encryption=auto",
             # Agents read all output; the notebook's output throttling would drop some.
@@ -183,15 +194,20 @@ class KernelGateway:
         ]
 
     def _gateway_env(self) -> dict[str, str]:
-        env = {**os.environ, **self.env}
-        # The gateway hands a kernel PATH plus the variables whitelisted here, and only
-        # when the create request carries an "env" object (KernelClient always sends one).
+        # Kernel code can read its parent's environment (/proc/<ppid>/environ) and can ask
+        # the gateway for a kernel that inherits it, so the gateway gets only what it needs
+        # to run, never the application's secrets.
+        env = {key: value for key, value in os.environ.items() if key in _GATEWAY_ENV_KEYS}
+        env.update(self.env)
+        # The gateway hands a kernel PATH plus the variables whitelisted here when the
+        # create request carries an "env" object (KernelClient always sends one).
         env["KG_ENV_PROCESS_WHITELIST"] = ",".join(self.env)
         env["PYTHONUNBUFFERED"] = "1"
         assert self._jupyter_dir is not None
-        env["JUPYTER_PATH"] = os.pathsep.join(
-            filter(None, [str(self._jupyter_dir), os.environ.get("JUPYTER_PATH")])
-        )
+        env["JUPYTER_PATH"] = str(self._jupyter_dir)
+        env["JUPYTER_RUNTIME_DIR"] = str(self._jupyter_dir / "runtime")
+        if self.auth_token:
+            env["KG_AUTH_TOKEN"] = self.auth_token  # in the environment: argv is world-readable
         return env
 
     async def _read_output(self, process: asyncio.subprocess.Process) -> None:
@@ -212,7 +228,8 @@ class KernelGateway:
         process = self._process
         assert process is not None
         deadline = time.monotonic() + timeout
-        async with httpx.AsyncClient(timeout=1.0) as http:
+        headers = {"Authorization": f"token {self.auth_token}"} if self.auth_token else {}
+        async with httpx.AsyncClient(timeout=1.0, headers=headers) as http:
             while True:
                 if process.returncode is not None or (self._reader is not None and self._reader.done()):
                     with contextlib.suppress(Exception):
@@ -248,6 +265,9 @@ def _gateway_log_level(level: str) -> str:
     return "WARN" if name == "WARNING" else name
 
 
+_GATEWAY_ENV_KEYS = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "SYSTEMROOT"}
+)
 _KERNEL_NAME = "ipybox-python"
 
 
