@@ -15,10 +15,15 @@ raises on purpose. The public names are re-exported where the API reference puts
     ├── ServerParamsError         MCP server parameters are malformed or name a missing ${VAR}
     ├── MCPServerError            an MCP server could not be started or failed a call
     ├── ToolRunnerError           a tool call was rejected, expired or failed
+    ├── ApprovalError             approval could not be asked for or answered
+    │   ├── NoApprovalClientError       approval is required but no client is connected
+    │   ├── ApprovalClientDisconnected  the client left before deciding
+    │   └── ApprovalConnectionError     an ApprovalClient cannot reach or lost the tool server
     └── ApiGenerationError        a typed API could not be generated for an MCP server
 
 ``GatewayError`` and ``KernelConnectionError`` are also ``RuntimeError`` and
-``ServerParamsError`` is also ``ValueError``, as the API reference documents.
+``ServerParamsError`` is also ``ValueError``, the approval errors are ``RuntimeError``
+(``ApprovalConnectionError`` is ``ConnectionError``), as the API reference documents.
 """
 
 from __future__ import annotations
@@ -105,6 +110,22 @@ class ToolRunnerError(IpyboxError):
         self.kind: ToolCallOutcome = kind
         self.server_name = server_name
         self.tool_name = tool_name
+
+
+class ApprovalError(IpyboxError, RuntimeError):
+    """Approval for a tool call could not be asked for or answered."""
+
+
+class NoApprovalClientError(ApprovalError):
+    """Approval is required but no approval client is connected."""
+
+
+class ApprovalClientDisconnected(ApprovalError):
+    """The approval client disconnected before it decided a request."""
+
+
+class ApprovalConnectionError(ApprovalError, ConnectionError):
+    """An approval client could not reach the tool server, was refused, or lost the connection."""
 
 
 class ApiGenerationError(IpyboxError):

@@ -131,9 +131,11 @@ class CodeExecutor:
         A start that fails stops whatever it had started.
 
         Raises:
-            RuntimeError: If the executor is already started.
+            RuntimeError: If the executor is already started, or the tool server cannot
+                bind its port.
             GatewayError: If the kernel gateway could not start.
             KernelConnectionError: If no kernel could be created.
+            ApprovalConnectionError: If the approval connection to the tool server failed.
         """
         if self._stack is not None:
             raise RuntimeError("The code executor is already started; call stop() first.")
@@ -207,6 +209,7 @@ class CodeExecutor:
 
         Raises:
             RuntimeError: If the executor is not started.
+            KernelConnectionError: If no fresh kernel could be created.
         """
         kernel, tool_server = self._require_started()
         async with self._lock:
@@ -217,6 +220,9 @@ class CodeExecutor:
 
         The interrupted `stream()` or `execute()` raises `CodeExecutionError` with
         ``ename == "KeyboardInterrupt"``; the kernel keeps its state.
+
+        Raises:
+            RuntimeError: If the executor is not started.
         """
         kernel, _ = self._require_started()
         if self._lock.locked():
@@ -236,6 +242,7 @@ class CodeExecutor:
             CodeExecutionError: If the code raised, including a failed tool call.
             TimeoutError: If the execution took longer than `timeout`; the kernel keeps
                 its state and the executor stays usable.
+            RuntimeError: If the executor is not started.
         """
         async with contextlib.aclosing(self.stream(code, timeout=timeout)) as items:
             async for item in items:
@@ -268,6 +275,7 @@ class CodeExecutor:
                 the kernel died (it is replaced by a fresh one; state is lost).
             TimeoutError: If the execution took longer than `timeout`; the kernel keeps
                 its state and the executor stays usable.
+            RuntimeError: If the executor is not started.
         """
         kernel, _ = self._require_started()
         async with self._lock:

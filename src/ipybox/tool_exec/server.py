@@ -160,7 +160,6 @@ class ToolServer:
         self._serve_task: asyncio.Task[None] | None = None
         self._app = Starlette(
             routes=[
-                Route("/run", self._run, methods=["POST"]),
                 Route("/reset", self._reset_endpoint, methods=["PUT"]),
                 Route("/status", self._status, methods=["GET"]),
                 WebSocketRoute("/approval", self._approval),
@@ -258,7 +257,7 @@ class ToolServer:
         return JSONResponse({"status": "ok"})
 
     async def _reset_endpoint(self, request: Request) -> Response:
-        if not self._authorized(request):
+        if not self._authorized(request.headers.get("authorization", "").encode()):
             return _error_response(401, "failed", _UNAUTHORIZED)
         await self.reset()
         return JSONResponse({"status": "ok"})
@@ -299,14 +298,8 @@ class ToolServer:
         else:
             await self._app(scope, receive, send)
 
-    async def _run(self, request: Request) -> Response:
-        status, content = await self._handle_run(
-            request.headers.get("authorization", "").encode(), await request.body()
-        )
-        return Response(content, status_code=status, media_type="application/json")
-
     async def _handle_run(self, authorization: bytes, raw_body: bytes) -> tuple[int, bytes]:
-        if self._expected_auth is not None and not hmac.compare_digest(authorization, self._expected_auth):
+        if not self._authorized(authorization):
             return _error(401, "failed", _UNAUTHORIZED)
         try:
             body = _RunRequest.model_validate_json(raw_body)
@@ -324,11 +317,8 @@ class ToolServer:
             return _error(502, "failed", f"Tool call {call} failed: {exc}")
         return 200, _json({"result": result})
 
-    def _authorized(self, request: Request) -> bool:
-        if self._expected_auth is None:
-            return True
-        supplied = request.headers.get("authorization", "").encode()
-        return hmac.compare_digest(supplied, self._expected_auth)
+    def _authorized(self, authorization: bytes) -> bool:
+        return self._expected_auth is None or hmac.compare_digest(authorization, self._expected_auth)
 
     def _server_params(self, body: _RunRequest) -> dict[str, Any]:
         if self._registry is not None:

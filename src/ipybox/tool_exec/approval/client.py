@@ -8,6 +8,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from ipybox._errors import ApprovalConnectionError
+
 __all__ = ["ApprovalCallback", "ApprovalClient", "ApprovalRequest"]
 
 logger = logging.getLogger(__name__)
@@ -54,7 +56,7 @@ class ApprovalRequest:
         """Accept the tool call: it runs and the caller gets its result.
 
         Raises:
-            ConnectionError: The connection to the tool server is gone.
+            ApprovalConnectionError: The connection to the tool server is gone.
         """
         await self._decide(True)
 
@@ -62,7 +64,7 @@ class ApprovalRequest:
         """Reject the tool call: the caller gets an error saying it was rejected.
 
         Raises:
-            ConnectionError: The connection to the tool server is gone.
+            ApprovalConnectionError: The connection to the tool server is gone.
         """
         await self._decide(False)
 
@@ -134,7 +136,7 @@ class ApprovalClient:
 
         Raises:
             RuntimeError: This client is already connected.
-            ConnectionError: The tool server could not be reached, or it refused the connection
+            ApprovalConnectionError: The tool server could not be reached, or it refused the connection
                 (wrong secret, or another approval client is connected).
         """
         from websockets.asyncio.client import connect
@@ -149,13 +151,13 @@ class ApprovalClient:
                 url, additional_headers=headers, open_timeout=10, compression=None
             )
         except InvalidStatus as exc:
-            raise ConnectionError(
+            raise ApprovalConnectionError(
                 f"The tool server at {self.host}:{self.port} refused the approval connection "
                 f"(HTTP {exc.response.status_code}): the secret is wrong or missing, or another approval "
                 "client is already connected."
             ) from exc
         except (OSError, InvalidHandshake, TimeoutError) as exc:
-            raise ConnectionError(
+            raise ApprovalConnectionError(
                 f"Could not connect to the tool server's approval channel at {url}: {exc}"
             ) from exc
         self._reader = asyncio.create_task(self._read(self._websocket), name="approval-client-reader")
@@ -216,7 +218,7 @@ class ApprovalClient:
             try:
                 await websocket.send(answer)
             except ConnectionClosed as exc:
-                raise ConnectionError(
+                raise ApprovalConnectionError(
                     "The connection to the tool server's approval channel is closed."
                 ) from exc
 
@@ -229,5 +231,5 @@ class ApprovalClient:
             logger.exception("The approval callback failed for %s; the request is rejected.", request)
             try:
                 await request.reject()
-            except ConnectionError:
+            except ApprovalConnectionError:
                 pass

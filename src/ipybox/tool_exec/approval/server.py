@@ -17,20 +17,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from ipybox._errors import ApprovalClientDisconnected, NoApprovalClientError
+
 __all__ = ["ApprovalChannel", "ApprovalClientDisconnected", "NoApprovalClientError"]
 
 logger = logging.getLogger(__name__)
 
 # WebSocket close code for refused connections (RFC 6455 "policy violation").
 POLICY_VIOLATION = 1008
-
-
-class NoApprovalClientError(RuntimeError):
-    """Approval is required but no approval client is connected."""
-
-
-class ApprovalClientDisconnected(RuntimeError):
-    """The approval client disconnected before it decided a request."""
 
 
 class _Decision(BaseModel):
