@@ -1,0 +1,51 @@
+"""Fixtures shared by every test folder."""
+
+from __future__ import annotations
+
+import selectors
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+DEMO_SERVER = Path(__file__).parent / "servers" / "demo_server.py"
+
+
+def _start_http_demo(transport: str) -> Iterator[str]:
+    """Run the demo MCP server over HTTP on a free port; yield its URL once it listens."""
+    process = subprocess.Popen(
+        [sys.executable, str(DEMO_SERVER), "--transport", transport, "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(process.stdout, selectors.EVENT_READ)
+            if not selector.select(timeout=60):
+                raise RuntimeError(f"the {transport} demo server did not announce its URL within 60 s")
+        line = process.stdout.readline().strip()
+        if not line.startswith("READY "):
+            raise RuntimeError(f"the {transport} demo server did not start: {line!r}")
+        yield line.removeprefix("READY ")
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def streamable_http_url() -> Iterator[str]:
+    """URL of a demo server over streamable HTTP (one per test session)."""
+    yield from _start_http_demo("streamable-http")
+
+
+@pytest.fixture(scope="session")
+def sse_url() -> Iterator[str]:
+    """URL of a demo server over SSE (one per test session)."""
+    yield from _start_http_demo("sse")
