@@ -21,5 +21,7 @@ fi
 
 echo "creating the reference environment in $REF (ipybox==$WANT, mcp<2)"
 uv venv --quiet --allow-existing --python 3.11 "$REF"
-uv pip install --quiet --python "$PY" "ipybox==$WANT" "mcp<2" psutil
+# Bytecode precompiled as for our side (scripts/setup.sh), so both start equally fast
+# where PYTHONDONTWRITEBYTECODE is set.
+uv pip install --quiet --compile-bytecode --python "$PY" "ipybox==$WANT" "mcp<2" psutil
 "$PY" -c "from importlib.metadata import version; print('reference ipybox', version('ipybox'), 'mcp', version('mcp'))"
