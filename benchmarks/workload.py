@@ -226,6 +226,27 @@ async def fig_approval_call(args: argparse.Namespace) -> dict[str, Any]:
     return await tool_calls(args, approval=True)
 
 
+async def fig_mcp_floor(args: argparse.Namespace) -> dict[str, Any]:
+    """The MCP part of a tool call alone: the project's SDK calling `echo` on the same server.
+
+    No ipybox is involved; it shows how much of `tool_call` the MCP server and SDK take, a
+    floor under which no tool server can go. It runs on the project's interpreter only (the
+    reference environment's mcp 1.x client has another API).
+    """
+    from mcp.client import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    runs = 60 if args.quick else 300
+    server = StdioServerParameters(command=args.mcp_python, args=[str(BENCH_SERVER)])
+    samples = []
+    async with Client(server, mode="legacy") as client:
+        for _ in range(10):
+            await client.call_tool("echo", {"text": "hello"})
+        for _ in range(runs):
+            samples.append(ms(await timed(lambda: client.call_tool("echo", {"text": "hello"}))))
+    return summary(samples)
+
+
 async def fig_apigen(args: argparse.Namespace) -> dict[str, Any]:
     from ipybox import generate_mcp_sources
 
@@ -284,6 +305,7 @@ FIGURES: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, 
     "executor_reset": fig_executor_reset,
     "tool_call": fig_tool_call,
     "approval_call": fig_approval_call,
+    "mcp_floor": fig_mcp_floor,
     "apigen": fig_apigen,
     "memory": fig_memory,
 }
