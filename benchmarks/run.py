@@ -171,6 +171,16 @@ def print_table(rows: list[dict[str, Any]]) -> None:
         for side in ("reference", "ours")
         if row[side] and row[side].get("leaked_processes")
     ]
+    gaps = {
+        row[side]["gap_s"]
+        for row in rows
+        for side in ("reference", "ours")
+        if row[side] and "gap_s" in row[side]
+    }
+    if gaps:
+        print(
+            f"\nreset figures: each timed reset follows {', '.join(f'{g:g}' for g in sorted(gaps))} s idle (--reset-gap)"
+        )
     if notes:
         print("\nerrors:")
         print("\n".join(notes))
