@@ -200,12 +200,18 @@ class KernelClient:
                 except Exception:
                     new = None
             if new is None or new.dead:
+                if new is not None:
+                    self._close_in_background(new)
                 new = await self._open_kernel()
             self._kernel = new
             self._start_spare()
-            closing = asyncio.create_task(self._close_kernel(old))  # shut down off the caller's path
-            self._closing.add(closing)
-            closing.add_done_callback(self._closing.discard)
+            self._close_in_background(old)
+
+    def _close_in_background(self, kernel: _Kernel) -> None:
+        """Shut a kernel down off the caller's path; `disconnect()` waits for it."""
+        closing = asyncio.create_task(self._close_kernel(kernel))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     async def interrupt(self, *, wait_until_started: bool = False) -> None:
         """Interrupt the code running in the kernel, as Ctrl-C would.
