@@ -1,13 +1,15 @@
 """Measure code generation speed and the import time of a generated module (not a test).
 
-    uv run python tests/mcp_apigen/measure_generation.py [--runs 5] [--compare-dcg]
+    uv run python tests/mcp_apigen/measure_generation.py [--runs 5]
+    uv run --with datamodel-code-generator python tests/mcp_apigen/measure_generation.py --compare-dcg
 
 Prints, for a 100-tool server with nested input and output schemas (tools_server.py --many):
 
 - ``generate_mcp_sources`` end to end (server start, listing, code, files), median of runs;
 - the part of it that is code generation (``render_sources``) on the already-listed tools;
 - with ``--compare-dcg``: datamodel-code-generator on the same 100 tools in one batched run,
-  in a fresh process (the alternative that was measured and not taken);
+  in a fresh process (the alternative that was measured and not taken, so no longer a
+  dependency: add it for the run as shown above);
 - the import of one generated module in a fresh Python process: pydantic, the kernel client
   and a first model (paid once per kernel), then the module, then its first ``Params(...)``.
 
