@@ -15,6 +15,7 @@ raises on purpose. The public names are re-exported where the API reference puts
     ├── ServerParamsError         MCP server parameters are malformed or name a missing ${VAR}
     ├── MCPServerError            an MCP server could not be started or failed a call
     ├── ToolRunnerError           a tool call was rejected, expired or failed
+    ├── ShellEscapeRequiredError  cell code started a process where ``!`` is required
     ├── ApprovalError             approval could not be asked for or answered
     │   ├── NoApprovalClientError       approval is required but no client is connected
     │   ├── ApprovalClientDisconnected  the client left before deciding
@@ -130,3 +131,7 @@ class ApprovalConnectionError(ApprovalError, ConnectionError):
 
 class ApiGenerationError(IpyboxError):
     """A typed Python API could not be generated for an MCP server."""
+
+
+class ShellEscapeRequiredError(IpyboxError, RuntimeError):
+    """Kernel code started a process directly where the executor requires IPython's ``!`` escape."""

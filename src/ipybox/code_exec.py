@@ -83,6 +83,20 @@ class CodeExecutor:
         sandbox: Run the kernel inside Anthropic's sandbox-runtime.
         sandbox_config: Path of a sandbox-runtime settings file.
         log_level: Log level of the tool server and kernel gateway.
+        approve_tool_calls: Whether MCP tool calls wait for approval; ``False`` lets them run
+            unasked (shell commands still ask with ``approve_shell_cmds``).
+        approve_shell_cmds: Whether shell commands in cells (``!cmd``, ``x = !cmd``, ``%%bash``,
+            ``%%sh``, ``%%script``) wait for approval like tool calls: an `ApprovalRequest` with
+            ``server_name="ipybox"`` and ``tool_name="shell"`` (``tool_args={"cmd": <the command
+            with variables filled in>}``) or ``tool_name="shell_magic"`` (``{"magic", "cmd": <the
+            cell>}``).
+        require_shell_escape: Refuse processes started directly from cell code (``subprocess``,
+            ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn*``, ``pty.spawn``) with an
+            error that says to use ``!``. A Python-level guard that code can undo: it keeps an
+            agent on the approved path, it does not stop hostile code.
+        working_dir: The kernel's working directory. The kernel starts there, and after every
+            cell that moved away (or deleted the folder it was in) it is put back, with a note in
+            the output. ``None``: the application's working directory, and ``os.chdir`` persists.
     """
 
     def __init__(
@@ -98,6 +112,11 @@ class CodeExecutor:
         sandbox: bool = False,
         sandbox_config: Path | None = None,
         log_level: str = "WARNING",
+        *,
+        approve_tool_calls: bool = True,
+        approve_shell_cmds: bool = False,
+        require_shell_escape: bool = False,
+        working_dir: Path | str | None = None,
     ) -> None:
         self.tool_server_host = tool_server_host
         self.tool_server_port = tool_server_port
@@ -110,6 +129,10 @@ class CodeExecutor:
         self.sandbox = sandbox
         self.sandbox_config = sandbox_config
         self.log_level = log_level
+        self.approve_tool_calls = approve_tool_calls
+        self.approve_shell_cmds = approve_shell_cmds
+        self.require_shell_escape = require_shell_escape
+        self.working_dir = Path(working_dir).resolve() if working_dir is not None else None
         self._stack: AsyncExitStack | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
@@ -156,10 +179,11 @@ class CodeExecutor:
                 registry=ServerRegistry(),
                 token=token,
                 approval_secret=approval_secret,
+                approve_tool_calls=self.approve_tool_calls,
             )
             await stack.enter_async_context(tool_server)
             kernel_env = {
-                **self.kernel_env,
+                **self._kernel_settings(),
                 "TOOL_SERVER_HOST": self.tool_server_host,
                 "TOOL_SERVER_PORT": str(tool_server.port),
                 "TOOL_SERVER_TOKEN": token,
@@ -340,6 +364,18 @@ class CodeExecutor:
             await request.reject()
         else:
             self._requests.put_nowait(request)
+
+    def _kernel_settings(self) -> dict[str, str]:
+        """The kernel's environment before the tool server's address: `kernel_env` and what the
+        kernel extension (``ipybox.kernel_mgr._kernel_ext``) reads."""
+        env = dict(self.kernel_env)
+        if self.working_dir is not None:
+            env["IPYBOX_WORKING_DIR"] = str(self.working_dir)
+        if self.approve_shell_cmds:
+            env["IPYBOX_APPROVE_SHELL"] = "1"
+        if self.require_shell_escape:
+            env["IPYBOX_REQUIRE_SHELL_ESCAPE"] = "1"
+        return env
 
     def _require_started(self) -> tuple[KernelClient, ToolServer]:
         if self._kernel is None or self._tool_server is None:

@@ -25,7 +25,14 @@ from ipybox._errors import ExecutionError, KernelConnectionError, KernelDiedErro
 __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 
 logger = logging.getLogger(__name__)
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+# Terminal escape sequences (ECMA-48): CSI (colours, cursor), OSC (titles, links), string
+# controls (DCS, SOS, PM, APC), and two-byte escapes.
+_ANSI = re.compile(
+    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[PX^_][^\x1b]*\x1b\\|[ -/]*[0-Z\\`-~])"
+)
+# The start of a sequence that a later chunk of the same stream completes.
+_ANSI_TAIL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?|[PX^_][^\x1b]*\x1b?|[ -/]*)\Z")
+_ANSI_TAIL_MAX = 4096
 _INTERRUPT_GRACE = 5.0
 # The channels handshake completes only once the new kernel answers; on a busy machine
 # a kernel can take longer to boot than the WebSocket library's 10 s default.
@@ -302,6 +309,7 @@ class KernelClient:
         images: list[Path] = []
         error: dict[str, Any] | None = None
         idle = replied = False
+        strippers: dict[str, _AnsiStripper] = {}
         while not (idle and replied):
             try:
                 async with asyncio.timeout_at(_loop_time(deadline)):
@@ -336,9 +344,10 @@ class KernelClient:
                 # it ignores the signal, so interrupt() waits for this.
                 kernel.busy.set()
             elif msg_type == "stream":
-                text = _ANSI.sub("", content.get("text", ""))
-                chunks.append(text)
-                yield text
+                stripper = strippers.setdefault(content.get("name", ""), _AnsiStripper())
+                if text := stripper.feed(content.get("text", "")):
+                    chunks.append(text)
+                    yield text
             elif msg_type in ("execute_result", "display_data"):
                 data = content.get("data", {})
                 if "image/png" in data:
@@ -349,6 +358,8 @@ class KernelClient:
                     yield text
             elif msg_type == "error":
                 error = content
+        for stripper in strippers.values():
+            stripper.flush()
         if error is not None:
             ename = error.get("ename", "")
             evalue = error.get("evalue", "")
@@ -450,6 +461,27 @@ class KernelClient:
         kernel.dead = True
         for queue in kernel.queues.values():
             queue.put_nowait(None)
+
+
+class _AnsiStripper:
+    """Removes escape sequences from one output stream whose chunks may split a sequence."""
+
+    def __init__(self) -> None:
+        self._held = ""
+
+    def feed(self, text: str) -> str:
+        """The text of this chunk without escape sequences; an unfinished one waits for the next."""
+        text = _ANSI.sub("", self._held + text)
+        tail = _ANSI_TAIL.search(text)
+        if tail is not None and len(text) - tail.start() <= _ANSI_TAIL_MAX:
+            self._held = text[tail.start() :]
+            return text[: tail.start()]
+        self._held = ""
+        return text
+
+    def flush(self) -> None:
+        """End the stream: a sequence still unfinished is dropped."""
+        self._held = ""
 
 
 def _execute_request(session: str, msg_id: str, code: str) -> bytes:

@@ -305,6 +305,10 @@ _KERNEL_ARGS = [
     # first on notebook frontends. KernelClient waits for the iopub idle status, which
     # always follows the output, so the sleep only adds latency.
     "--IPythonKernel._execute_sleep=0",
+    # Agents pay tokens for every escape sequence: no colours in tracebacks.
+    "--InteractiveShell.colors=nocolor",
+    # Shell approval, the shell-escape guard and the kept working directory (see the module).
+    "--IPKernelApp.extensions=ipybox.kernel_mgr._kernel_ext",
 ]
 
 

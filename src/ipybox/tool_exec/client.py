@@ -17,7 +17,7 @@ from typing import Any
 
 from ipybox._errors import ToolCallOutcome, ToolRunnerError
 
-__all__ = ["ToolRunner", "ToolRunnerError", "run_tool"]
+__all__ = ["ToolRunner", "ToolRunnerError", "request_approval", "run_tool"]
 
 _KINDS: frozenset[str] = frozenset({"rejected", "expired", "failed"})
 
@@ -436,6 +436,30 @@ def run_tool(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> dic
     Raises:
         ToolRunnerError: The call was rejected, expired or failed.
     """
+    return _runner(server_name).run_sync(tool_name, tool_args)
+
+
+def request_approval(tool_name: str, tool_args: dict[str, Any]) -> None:
+    """Ask the application to approve something the kernel runs itself (a shell command).
+
+    The request reaches the application as an ``ApprovalRequest`` with ``server_name`` ``"ipybox"``,
+    like a tool call; nothing runs on the tool server. The tool server is found as for `run_tool`.
+
+    Args:
+        tool_name: What is to run (``"shell"`` or ``"shell_magic"``).
+        tool_args: What the application decides on (the command).
+
+    Raises:
+        ToolRunnerError: The request was rejected, expired or failed.
+    """
+    runner = _runner("ipybox")
+    status, data = runner._request_sync("POST", "/approve", runner._body(tool_name, tool_args), tool_name)
+    if status != 200:
+        raise runner._error(status, data, tool_name)
+
+
+def _runner(server_name: str) -> ToolRunner:
+    """The kept runner for `server_name` and the tool server the kernel's environment names."""
     environ = os.environ
     host = environ.get("TOOL_SERVER_HOST") or "localhost"
     port = int(environ.get("TOOL_SERVER_PORT") or 8900)
@@ -450,4 +474,4 @@ def run_tool(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> dic
                 runner = _runners[key] = ToolRunner(
                     server_name, {}, host, port, token=token or "", proxy=proxy or ""
                 )
-    return runner.run_sync(tool_name, tool_args)
+    return runner

@@ -8,6 +8,9 @@ Endpoints:
   request or parameters, 401 missing or wrong token, 403 rejected by the application or
   ``server_params`` refused (secured mode), 404 server not registered, 502 the MCP server
   failed (could not start, tool error, crash), 503 no approval client, 504 approval expired.
+- ``POST /approve`` with ``{"server_name": "ipybox", "tool_name", "tool_args"}`` only asks the
+  application for a decision, for what the kernel runs itself (shell commands); it answers
+  ``{"result": null}`` once accepted, or an error as ``/run`` does.
 - ``PUT /reset`` closes every MCP session (they start again on the next call).
 - ``WS /approval`` is where the application's ``ApprovalClient`` connects.
 - ``GET /status`` answers ``{"status": "ok"}``.
@@ -123,6 +126,8 @@ class ToolServer:
         registry: The trusted server registry; enables the secured mode.
         token: Bearer token required by ``/run`` and ``/reset``.
         approval_secret: Bearer secret required to connect to ``/approval``.
+        approve_tool_calls: With ``approval_required``, whether ``/run`` asks for approval;
+            ``False`` lets tool calls through unasked while ``/approve`` still asks.
     """
 
     def __init__(
@@ -138,6 +143,7 @@ class ToolServer:
         registry: ServerRegistry | None = None,
         token: str | None = None,
         approval_secret: str | None = None,
+        approve_tool_calls: bool = True,
     ) -> None:
         self.host = host
         self._port = port
@@ -147,6 +153,7 @@ class ToolServer:
         self.log_to_stderr = log_to_stderr
         self.log_level = log_level.upper()
         self._registry = registry
+        self.approve_tool_calls = approve_tool_calls
         self._expected_auth = f"Bearer {token}".encode() if token is not None else None
         self._expected_approval_auth = (
             f"Bearer {approval_secret}".encode() if approval_secret is not None else None
@@ -161,6 +168,7 @@ class ToolServer:
         self._app = Starlette(
             routes=[
                 Route("/reset", self._reset_endpoint, methods=["PUT"]),
+                Route("/approve", self._approve_endpoint, methods=["POST"]),
                 Route("/status", self._status, methods=["GET"]),
                 WebSocketRoute("/approval", self._approval),
             ]
@@ -262,6 +270,21 @@ class ToolServer:
         await self.reset()
         return JSONResponse({"status": "ok"})
 
+    async def _approve_endpoint(self, request: Request) -> Response:
+        if not self._authorized(request.headers.get("authorization", "").encode()):
+            return _error_response(401, "failed", _UNAUTHORIZED)
+        try:
+            body = _RunRequest.model_validate_json(await request.body())
+        except ValidationError as exc:
+            return _error_response(400, "failed", f"The approval request is malformed: {_summarise(exc)}")
+        if body.server_params:
+            return _error_response(400, "failed", "An approval request cannot carry server_params.")
+        try:
+            await self._approve(body, f"{body.server_name}.{body.tool_name}")
+        except _ToolCallError as exc:
+            return _error_response(exc.status, exc.kind, exc.message)
+        return JSONResponse({"result": None})
+
     async def _approval(self, websocket: WebSocket) -> None:
         if self._expected_approval_auth is not None:
             supplied = websocket.headers.get("authorization", "").encode()
@@ -308,7 +331,8 @@ class ToolServer:
         call = f"{body.server_name}.{body.tool_name}"
         try:
             params = self._server_params(body)
-            await self._approve(body, call)
+            if self.approve_tool_calls:
+                await self._approve(body, call)
             session = await self._session(body.server_name, params, call)
             result = await session.call_tool(body.tool_name, body.tool_args)
         except _ToolCallError as exc:

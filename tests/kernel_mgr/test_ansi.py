@@ -1,0 +1,17 @@
+"""Escape sequences are removed from kernel output, also when a chunk boundary splits one."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ipybox.kernel_mgr.client import _AnsiStripper
+
+
+@given(st.lists(st.integers(min_value=0, max_value=60), max_size=6))
+def test_escape_sequences_split_across_chunks_are_removed_whole(cuts: list[int]) -> None:
+    text = "a\x1b[1;31mred\x1b[0m b\x1b]8;;https://x.org\x1b\\link\x1b]8;;\x07 c\x1b7d\x1b(Be"
+    points = sorted({min(cut, len(text)) for cut in cuts})
+    pieces = [text[start:end] for start, end in zip([0, *points], [*points, len(text)], strict=True)]
+    stripper = _AnsiStripper()
+    assert "".join(stripper.feed(piece) for piece in pieces) == "ared blink cde"

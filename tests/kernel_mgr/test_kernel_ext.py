@@ -1,0 +1,275 @@
+"""Shell commands under approval, the shell-escape guard, a kept working directory and colourless output.
+
+Real executors and kernels: the kernel extension (``ipybox.kernel_mgr._kernel_ext``) is loaded by
+every ipybox kernel, and `CodeExecutor` switches its parts on through the kernel's environment.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from ipybox import (
+    ApprovalRequest,
+    CodeExecutionChunk,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    generate_mcp_sources,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = {"command": sys.executable, "args": [str(ROOT / "tests" / "servers" / "demo_server.py")]}
+APPROVAL_TIMEOUT = 2
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A folder holding the generated `mcptools/demo` and a registry of its own."""
+    path = tmp_path_factory.mktemp("shell")
+    old_cwd, old_state = Path.cwd(), os.environ.get("IPYBOX_STATE_DIR")
+    os.chdir(path)
+    os.environ["IPYBOX_STATE_DIR"] = str(path / "state")
+    try:
+        yield path
+    finally:
+        os.chdir(old_cwd)
+        if old_state is None:
+            os.environ.pop("IPYBOX_STATE_DIR", None)
+        else:
+            os.environ["IPYBOX_STATE_DIR"] = old_state
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def guarded(workdir: Path) -> AsyncIterator[CodeExecutor]:
+    """Shell commands ask, tool calls don't, processes only through `!`, and a kept working directory."""
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    (workdir / "cells").mkdir()
+    async with CodeExecutor(
+        approval_timeout=APPROVAL_TIMEOUT,
+        approve_tool_calls=False,
+        approve_shell_cmds=True,
+        require_shell_escape=True,
+        working_dir=workdir,
+        kernel_env={"FORCE_COLOR": "1", "KEPT": "yes"},
+    ) as ex:
+        yield ex
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def plain(workdir: Path) -> AsyncIterator[CodeExecutor]:
+    async with CodeExecutor() as ex:
+        yield ex
+
+
+async def run(ex: CodeExecutor, code: str, decide: bool | None = True) -> list[object]:
+    """Stream `code`, deciding every approval request (None: leave it to expire)."""
+    items: list[object] = []
+    async for item in ex.stream(code, chunks=True):
+        items.append(item)
+        if isinstance(item, ApprovalRequest) and decide is not None:
+            await (item.accept() if decide else item.reject())
+    return items
+
+
+def requests(items: list[object]) -> list[tuple[str, str, dict[str, object]]]:
+    return [(i.server_name, i.tool_name, i.tool_args) for i in items if isinstance(i, ApprovalRequest)]
+
+
+SHELL_FORMS = {
+    "bang": ("word = 'hi'\n!echo {word} there", ("shell", {"cmd": "echo hi there"}), "hi there"),
+    "capture": (
+        "word = 'hi'\nlines = !echo {word} captured\nprint(lines)",
+        ("shell", {"cmd": "echo hi captured"}),
+        "['hi captured']",
+    ),
+    "bash": (
+        "%%bash\necho from bash",
+        ("shell_magic", {"magic": "bash", "cmd": "echo from bash\n"}),
+        "from bash",
+    ),
+    "sh": ("%%sh\necho from sh", ("shell_magic", {"magic": "sh", "cmd": "echo from sh\n"}), "from sh"),
+}
+
+
+@pytest.mark.parametrize("form", SHELL_FORMS)
+async def test_an_accepted_shell_command_runs_after_its_approval_request(
+    guarded: CodeExecutor, form: str
+) -> None:
+    code, (tool_name, tool_args), output = SHELL_FORMS[form]
+    items = await run(guarded, code)
+    assert requests(items) == [("ipybox", tool_name, tool_args)]
+    result = items[-1]
+    assert isinstance(result, CodeExecutionResult)
+    assert result.text is not None and result.text.strip() == output
+
+
+@pytest.mark.parametrize("form", SHELL_FORMS)
+async def test_a_rejected_shell_command_does_not_run_and_the_cell_says_so(
+    guarded: CodeExecutor, workdir: Path, form: str
+) -> None:
+    code = SHELL_FORMS[form][0].replace("echo", "touch rejected-ran; echo")
+    with pytest.raises(CodeExecutionError, match="rejected by the application") as info:
+        await run(guarded, code, decide=False)
+    assert info.value.ename == "ToolRunnerError"
+    assert not (workdir / "rejected-ran").exists()
+
+
+@pytest.mark.parametrize("form", SHELL_FORMS)
+async def test_a_shell_command_without_a_decision_expires_and_does_not_run(
+    guarded: CodeExecutor, workdir: Path, form: str
+) -> None:
+    code = SHELL_FORMS[form][0].replace("echo", "touch expired-ran; echo")
+    with pytest.raises(CodeExecutionError, match="expired") as info:
+        await run(guarded, code, decide=None)
+    assert info.value.ename == "ToolRunnerError"
+    assert not (workdir / "expired-ran").exists()
+
+
+async def test_execute_approves_shell_commands_as_it_approves_tool_calls(guarded: CodeExecutor) -> None:
+    result = await guarded.execute("n = 3\nfiles = !seq {n}\nprint(files)")
+    assert result.text == "['1', '2', '3']"
+
+
+async def test_tool_calls_run_unasked_while_shell_commands_still_ask(guarded: CodeExecutor) -> None:
+    code = "from mcptools.demo import echo\nprint(echo.run(echo.Params(text='unasked')))\n!echo asked"
+    items = await run(guarded, code)
+    assert requests(items) == [("ipybox", "shell", {"cmd": "echo asked"})]
+    assert isinstance(items[-1], CodeExecutionResult)
+    assert items[-1].text is not None and items[-1].text.split() == ["unasked", "asked"]
+
+
+GUARDED_CALLS = {
+    "subprocess.run": "import subprocess\nprint(subprocess.run(['true']).returncode)",
+    "subprocess.call": "import subprocess\nprint(subprocess.call(['true']))",
+    "subprocess.check_call": "import subprocess\nprint(subprocess.check_call(['true']))",
+    "subprocess.check_output": "import subprocess\nprint(subprocess.check_output(['echo', '0']).decode().strip())",
+    "subprocess.getoutput": "import subprocess\nprint(subprocess.getoutput('echo 0'))",
+    "subprocess.getstatusoutput": "import subprocess\nprint(subprocess.getstatusoutput('true')[0])",
+    "subprocess.Popen": "import subprocess\nprint(subprocess.Popen(['true']).wait())",
+    "from subprocess import run": "from subprocess import run\nprint(run(['true']).returncode)",
+    "os.system": "import os\nprint(os.system('true'))",
+    "os.popen": "import os\nprint(os.popen('echo 0').read().strip())",
+    "os.spawnv": "import os\nprint(os.spawnv(os.P_WAIT, '/bin/true', ['true']))",
+    "os.spawnlp": "import os\nprint(os.spawnlp(os.P_WAIT, 'true', 'true'))",
+    "os.posix_spawn": (
+        "import os\npid = os.posix_spawn('/bin/true', ['true'], {})\n"
+        "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))"
+    ),
+    "os.posix_spawnp": (
+        "import os\npid = os.posix_spawnp('true', ['true'], {})\n"
+        "print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))"
+    ),
+    # exec replaces the process it runs in: try it in a forked child, which reports 3 if exec raised.
+    "os.execv": (
+        "import os\npid = os.fork()\nif pid == 0:\n    try:\n        os.execv('/bin/true', ['true'])\n"
+        "    finally:\n        os._exit(3)\nprint(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))"
+    ),
+    "os.execvp": (
+        "import os\npid = os.fork()\nif pid == 0:\n    try:\n        os.execvp('true', ['true'])\n"
+        "    finally:\n        os._exit(3)\nprint(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))"
+    ),
+    "pty.spawn": "import pty\nprint(pty.spawn(['true']))",
+    "asyncio.create_subprocess_exec": (
+        "import asyncio\nproc = await asyncio.create_subprocess_exec('true')\nprint(await proc.wait())"
+    ),
+    "asyncio.create_subprocess_shell": (
+        "import asyncio\nproc = await asyncio.create_subprocess_shell('true')\nprint(await proc.wait())"
+    ),
+}
+
+
+@pytest.mark.parametrize("call", GUARDED_CALLS)
+async def test_starting_a_process_directly_is_refused_with_a_pointer_to_the_shell_escape(
+    guarded: CodeExecutor, call: str
+) -> None:
+    code = GUARDED_CALLS[call]
+    if call.startswith("os.exec"):
+        assert (await guarded.execute(code)).text == "3"
+        return
+    with pytest.raises(CodeExecutionError, match="`!ls -l`") as info:
+        await guarded.execute(code)
+    assert info.value.ename == "ShellEscapeRequiredError"
+
+
+@pytest.mark.parametrize("call", GUARDED_CALLS)
+async def test_starting_a_process_directly_works_without_the_guard(plain: CodeExecutor, call: str) -> None:
+    assert (await plain.execute(GUARDED_CALLS[call])).text == "0"
+
+
+async def test_libraries_called_by_a_cell_may_still_start_processes(guarded: CodeExecutor) -> None:
+    code = "import ctypes.util, platform\nprint(ctypes.util.find_library('c') is not None, bool(platform.uname()))"
+    assert (await guarded.execute(code)).text == "True True"
+
+
+async def test_the_kernel_starts_in_the_working_directory(guarded: CodeExecutor, workdir: Path) -> None:
+    assert (await guarded.execute("import os\nprint(os.getcwd())")).text == str(workdir)
+
+
+async def test_the_working_directory_is_restored_after_a_cell_changes_it(
+    guarded: CodeExecutor, workdir: Path
+) -> None:
+    result = await guarded.execute("import os\nos.chdir('cells')\nprint(os.getcwd())")
+    assert result.text == (
+        f"{workdir / 'cells'}\n[ipybox] The cell left the working directory in {workdir / 'cells'}; "
+        f"it is back in {workdir}."
+    )
+    assert (await guarded.execute("print(os.getcwd())")).text == str(workdir)
+    assert (await guarded.execute("print('no note when it stays')")).text == "no note when it stays"
+
+
+async def test_the_working_directory_is_restored_after_the_folder_a_cell_moved_to_is_deleted(
+    guarded: CodeExecutor, workdir: Path
+) -> None:
+    code = "import os, shutil\nos.makedirs('doomed')\nos.chdir('doomed')\nshutil.rmtree(os.getcwd())"
+    result = await guarded.execute(code)
+    assert result.text == (
+        f"[ipybox] The cell left the working directory in a directory that no longer exists; it is back in {workdir}."
+    )
+    assert (await guarded.execute("print(os.getcwd())")).text == str(workdir)
+
+
+async def test_without_a_working_directory_a_change_persists(plain: CodeExecutor, workdir: Path) -> None:
+    await plain.execute("import os\nos.makedirs('moved', exist_ok=True)\nos.chdir('moved')")
+    assert (await plain.execute("print(os.getcwd())")).text == str(workdir / "moved")
+    await plain.execute(f"os.chdir({str(workdir)!r})")
+
+
+COLOURED = {
+    "an error": "raise ValueError('plain')",
+    "a %%bash cell": "%%bash\nprintf '\\033[31mred\\033[0m\\n'; ls --color=always /",
+    "a coloured library": (
+        "from pygments import highlight\nfrom pygments.lexers import PythonLexer\n"
+        "from pygments.formatters import TerminalFormatter\nprint(highlight('x = 1', PythonLexer(), TerminalFormatter()))"
+    ),
+    "raw escape sequences": "print('\\x1b[1;32mgreen\\x1b[0m \\x1b]8;;https://example.com\\x1b\\\\link\\x1b]8;;\\x1b\\\\')",
+}
+
+
+@pytest.mark.parametrize("source", COLOURED)
+async def test_no_colour_codes_reach_the_agent(guarded: CodeExecutor, source: str) -> None:
+    try:
+        items = await run(guarded, COLOURED[source])
+    except CodeExecutionError as exc:
+        assert source == "an error"
+        texts = [str(exc), exc.traceback, exc.evalue]
+        assert "ValueError" in exc.traceback and "plain" in exc.traceback
+    else:
+        texts = [i.text or "" for i in items if isinstance(i, CodeExecutionChunk | CodeExecutionResult)]
+        assert texts[-1]
+    for text in texts:
+        assert "\x1b" not in text
+
+
+async def test_colour_forcing_variables_do_not_reach_the_kernel(guarded: CodeExecutor) -> None:
+    code = (
+        "import os\nprint(os.environ.get('FORCE_COLOR'), os.environ.get('NO_COLOR'), os.environ.get('KEPT'))"
+    )
+    assert (await guarded.execute(code)).text == "None 1 yes"
