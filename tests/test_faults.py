@@ -225,9 +225,13 @@ async def test_a_cell_blocked_in_c_code_times_out_into_a_kernel_restart_reported
     executor: CodeExecutor,
 ) -> None:
     await executor.execute("lost = 'yes'")
-    # The regex engine does not check for signals: SIGINT cannot stop this for a very long time.
+    # SIGINT blocked in the kernel's main thread stands for any C code that never checks for
+    # signals (a native library's loop, a wait without timeout): interrupting cannot stop it.
+    blocked = (
+        "import signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\ntime.sleep(3600)"
+    )
     with pytest.raises(TimeoutError, match="restart") as info:
-        await executor.execute("import re\nre.match(r'(a+)+$', 'a' * 64 + 'b')", timeout=2)
+        await executor.execute(blocked, timeout=2)
     assert "state" in str(info.value)
     result = await executor.execute("print(globals().get('lost'))")
     assert result.text == "None"
@@ -248,3 +252,17 @@ async def test_the_gateway_killed_mid_cell_is_reported_and_the_executor_recovers
     assert "gateway" in str(info.value).lower() or "kernel died" in str(info.value).lower()
     result = await asyncio.wait_for(executor.execute("print('recovered')"), 120)
     assert result.text == "recovered"
+
+
+async def test_the_gateway_killed_between_cells_is_reported_on_the_next_cell_and_the_executor_recovers(
+    executor: CodeExecutor,
+) -> None:
+    await executor.execute("print('warm')")
+    (gateway,) = descendants("ipybox.kernel_mgr._gateway_main")
+    for child in gateway.children(recursive=True):
+        child.kill()
+    gateway.kill()
+    gateway.wait(10)
+    with pytest.raises(CodeExecutionError, match="gateway|kernel died"):
+        await asyncio.wait_for(executor.execute("print('lost')"), 60)
+    assert (await asyncio.wait_for(executor.execute("print('recovered')"), 120)).text == "recovered"

@@ -297,7 +297,16 @@ class KernelClient:
             queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
             kernel.queues[msg_id] = queue
             try:
-                await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
+                try:
+                    await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
+                except websockets.ConnectionClosed:
+                    # Gone before the receiver noticed (the gateway died between executions).
+                    self._kernel_died(kernel)
+                    raise KernelDiedError(
+                        "The connection to the kernel closed before the code could be sent; its "
+                        "state is lost. Call reset() to start a fresh kernel.",
+                        ename="KernelDied",
+                    ) from None
                 async for item in self._collect(kernel, queue, time.monotonic() + timeout, timeout):
                     yield item
             finally:
