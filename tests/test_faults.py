@@ -263,6 +263,6 @@ async def test_the_gateway_killed_between_cells_is_reported_on_the_next_cell_and
         child.kill()
     gateway.kill()
     gateway.wait(10)
-    with pytest.raises(CodeExecutionError, match="gateway|kernel died"):
+    with pytest.raises(CodeExecutionError, match=r"gateway|kernel died"):
         await asyncio.wait_for(executor.execute("print('lost')"), 60)
     assert (await asyncio.wait_for(executor.execute("print('recovered')"), 120)).text == "recovered"
