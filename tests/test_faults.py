@@ -266,3 +266,43 @@ async def test_the_gateway_killed_between_cells_is_reported_on_the_next_cell_and
     with pytest.raises(CodeExecutionError, match=r"gateway|kernel died"):
         await asyncio.wait_for(executor.execute("print('lost')"), 60)
     assert (await asyncio.wait_for(executor.execute("print('recovered')"), 120)).text == "recovered"
+
+
+APPROVER = """
+import asyncio, sys
+from ipybox.tool_exec.approval.client import ApprovalClient
+
+async def main():
+    async def never_decide(request):
+        print("ASKED", flush=True)
+    async with ApprovalClient(never_decide, port=int(sys.argv[1])):
+        print("CONNECTED", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_the_approval_process_killed_mid_call_fails_the_pending_call_at_once() -> None:
+    from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
+    from ipybox.tool_exec.server import ToolServer
+
+    async with ToolServer(port=0, approval_required=True, approval_timeout=600) as server:
+        approver = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", APPROVER, str(server.port), stdout=asyncio.subprocess.PIPE
+        )
+        assert approver.stdout is not None
+        try:
+            assert await asyncio.wait_for(approver.stdout.readline(), 60) == b"CONNECTED\n"
+            runner = ToolRunner("demo", DEMO, port=server.port)
+            call = asyncio.create_task(runner.run("echo", {"text": "x"}))
+            assert await asyncio.wait_for(approver.stdout.readline(), 60) == b"ASKED\n"
+            approver.kill()
+            # Far sooner than the 600 s approval timeout: the call fails once the channel drops.
+            with pytest.raises(ToolRunnerError, match="disconnected"):
+                await asyncio.wait_for(call, 30)
+            assert server._sessions == {}  # nothing was started for the undecided call
+        finally:
+            if approver.returncode is None:
+                approver.kill()
+            await approver.wait()
