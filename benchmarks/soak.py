@@ -8,7 +8,7 @@ Every outcome is checked (a wrong answer or an unexpected error fails the run at
 Every few seconds the script samples the whole process tree (this process, the gateway,
 kernels, MCP servers): memory (PSS), open file descriptors and the number of processes.
 After a warm-up it fits a line through memory and descriptors over time and fails if
-either grows faster than its limit; at the end it fails if any process of the tree is
+either grows faster than its limit by more than a healthy tree swings (the allowances); at the end it fails if any process of the tree is
 left over after `stop()`. It prints a summary, and optionally writes every sample and
 per-minute latency percentiles as JSON and memory over time as a PNG plot.
 
@@ -277,6 +277,15 @@ def main() -> int:
     parser.add_argument(
         "--max-fd-slope", type=float, default=1.0, help="descriptors per minute allowed after warm-up"
     )
+    parser.add_argument(
+        "--memory-allowance", type=float, default=64, help="MB of growth that counts as noise (default 64)"
+    )
+    parser.add_argument(
+        "--fd-allowance",
+        type=float,
+        default=24,
+        help="descriptors of growth that count as noise (default 24)",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, help="write samples and per-minute latencies here")
     parser.add_argument("--plot", type=Path, help="write a PNG of memory and descriptors over time here")
@@ -334,13 +343,21 @@ def main() -> int:
     if args.plot:
         plot(samples, warmup, args.plot)
 
+    # A slope only counts when the growth it adds up to over the steady part is more than the
+    # ups and downs of a healthy tree (a spare kernel, an MCP server coming and going): in a
+    # 2-minute run a few descriptors' swing is a steep slope, in an hour it is nothing.
+    steady_minutes = (samples[-1].seconds - warmup) / 60 if samples else 0.0
     failures = []
-    if memory_slope > args.max_memory_slope:
+    if memory_slope > args.max_memory_slope and memory_slope * steady_minutes > args.memory_allowance:
         failures.append(
-            f"memory grows {memory_slope:.2f} MB/min after warm-up (limit {args.max_memory_slope})"
+            f"memory grows {memory_slope:.2f} MB/min after warm-up (limit {args.max_memory_slope}), "
+            f"{memory_slope * steady_minutes:.0f} MB in all (allowance {args.memory_allowance})"
         )
-    if fd_slope > args.max_fd_slope:
-        failures.append(f"file descriptors grow {fd_slope:.2f}/min after warm-up (limit {args.max_fd_slope})")
+    if fd_slope > args.max_fd_slope and fd_slope * steady_minutes > args.fd_allowance:
+        failures.append(
+            f"file descriptors grow {fd_slope:.2f}/min after warm-up (limit {args.max_fd_slope}), "
+            f"{fd_slope * steady_minutes:.0f} in all (allowance {args.fd_allowance})"
+        )
     if outcome["leftover"]:
         failures.append("processes left after stop(): " + "; ".join(outcome["leftover"]))
     for failure in failures:
