@@ -29,7 +29,7 @@ from mcp_apigen.apigen_support import (
 from pydantic import ValidationError
 
 from ipybox._codegen import module_name, module_names
-from ipybox._errors import MCPServerError, ServerParamsError
+from ipybox.errors import MCPServerError, ServerParamsError
 from ipybox.mcp_apigen import generate_mcp_sources, render_sources
 from ipybox.tool_exec._registry import ServerRegistry
 

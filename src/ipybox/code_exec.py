@@ -12,7 +12,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from ipybox._errors import CodeExecutionError, ExecutionError, KernelConnectionError, KernelDiedError
+from ipybox.errors import CodeExecutionError, ExecutionError, KernelConnectionError, KernelDiedError
 from ipybox.kernel_mgr.client import ExecutionResult, KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from ipybox.tool_exec._registry import ServerRegistry

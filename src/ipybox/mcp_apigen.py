@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from ipybox import _codegen
-from ipybox._errors import ApiGenerationError, ServerParamsError
+from ipybox.errors import ApiGenerationError, ServerParamsError
 
 if TYPE_CHECKING:
     from mcp.types import Tool

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox._errors import KernelConnectionError, KernelDiedError
+from ipybox.errors import KernelConnectionError, KernelDiedError
 from ipybox.kernel_mgr.client import ExecutionError, ExecutionResult, KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 

@@ -4,7 +4,7 @@ import httpx
 import psutil
 import pytest
 
-from ipybox._errors import GatewayError, SandboxUnavailableError
+from ipybox.errors import GatewayError, SandboxUnavailableError
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 

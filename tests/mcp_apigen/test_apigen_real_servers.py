@@ -18,7 +18,7 @@ import anyio.to_thread
 import pytest
 from apigen_support import DEMO_SERVER, check_source, importable, unique_package
 
-from ipybox._errors import ToolRunnerError
+from ipybox.errors import ToolRunnerError
 from ipybox.mcp_apigen import generate_mcp_sources
 from ipybox.tool_exec.server import ToolServer
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tool_exec_support import descendants, pid_alive, wait_until
 
-from ipybox._errors import MCPServerError, ServerParamsError
+from ipybox.errors import MCPServerError, ServerParamsError
 from ipybox.tool_exec._mcp import HttpParams, MCPSession, StdioParams, list_tools, resolve_params
 
 # --- server parameters -------------------------------------------------------------------

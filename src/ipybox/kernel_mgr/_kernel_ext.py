@@ -78,7 +78,7 @@ def _escape(text: str) -> str:
 
 def _ask(tool_name: str, tool_args: dict[str, str]) -> None:
     __tracebackhide__ = True
-    from ipybox._errors import ToolRunnerError
+    from ipybox.errors import ToolRunnerError
     from ipybox.tool_exec.client import request_approval
 
     what = "shell command" if tool_name == "shell" else f"%%{tool_args.get('magic', 'script')} cell"
@@ -187,7 +187,7 @@ class _CellFiles:
 
 
 def _escape_error(what: str) -> Exception:
-    from ipybox._errors import ShellEscapeRequiredError
+    from ipybox.errors import ShellEscapeRequiredError
 
     return ShellEscapeRequiredError(
         f"{what} is turned off in this kernel: run shell commands with IPython's shell escape "

@@ -20,7 +20,7 @@ import httpx
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from ipybox._errors import ExecutionError, KernelConnectionError, KernelDiedError
+from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
 
 __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 

@@ -19,7 +19,7 @@ from typing import Self
 import httpx
 import psutil
 
-from ipybox._errors import GatewayError, SandboxUnavailableError
+from ipybox.errors import GatewayError, SandboxUnavailableError
 
 _LOG_TAIL_LINES = 40
 

@@ -34,7 +34,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
 from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
-from ipybox._errors import MCPServerError, ServerParamsError
+from ipybox.errors import MCPServerError, ServerParamsError
 
 __all__ = ["HttpParams", "MCPSession", "StdioParams", "list_tools", "resolve_params"]
 

@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from ipybox._errors import ToolCallOutcome, ToolRunnerError
+from ipybox.errors import ToolCallOutcome, ToolRunnerError
 
 __all__ = ["ToolRunner", "ToolRunnerError", "request_approval", "run_tool"]
 

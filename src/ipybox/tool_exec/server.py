@@ -37,7 +37,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
-from ipybox._errors import MCPServerError, ServerParamsError, ToolCallOutcome
+from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 from ipybox.tool_exec._mcp import MCPSession, resolve_params
 from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.approval.server import (

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from ipybox._errors import ApprovalClientDisconnected, NoApprovalClientError
+from ipybox.errors import ApprovalClientDisconnected, NoApprovalClientError
 
 __all__ = ["ApprovalChannel", "ApprovalClientDisconnected", "NoApprovalClientError"]
 
