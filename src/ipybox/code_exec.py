@@ -162,7 +162,7 @@ class CodeExecutor:
         """
         if self._stack is not None:
             raise RuntimeError("The code executor is already started; call stop() first.")
-        # .env of the working directory is read when an MCP server starts (tool_exec._mcp),
+        # .env of the working directory is read when an MCP server starts (tool_exec._params),
         # not copied into this process's environment.
         token = secrets.token_urlsafe(32)
         gateway_token = secrets.token_urlsafe(32)

@@ -13,7 +13,8 @@ import pytest
 from tool_exec_support import descendants, pid_alive, wait_until
 
 from ipybox.errors import MCPServerError, ServerParamsError
-from ipybox.tool_exec._mcp import HttpParams, MCPSession, StdioParams, list_tools, resolve_params
+from ipybox.tool_exec._mcp import MCPSession, list_tools
+from ipybox.tool_exec._params import HttpParams, StdioParams, resolve_params
 
 # --- server parameters -------------------------------------------------------------------
 

@@ -38,7 +38,8 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
-from ipybox.tool_exec._mcp import MCPSession, resolve_params
+from ipybox.tool_exec._mcp import MCPSession
+from ipybox.tool_exec._params import resolve_params
 from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.approval.server import (
     POLICY_VIOLATION,
