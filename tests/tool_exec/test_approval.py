@@ -86,7 +86,7 @@ async def test_a_call_without_an_approval_client_fails(
     with pytest.raises(ToolRunnerError) as info:
         await asyncio.to_thread(runner.run_sync, "echo", {"text": "x"})
     assert info.value.kind == "failed"
-    assert "no approval client is connected" in str(info.value)
+    assert "approval client is not connected" in str(info.value)
 
 
 async def test_a_client_that_disconnects_fails_its_pending_requests(

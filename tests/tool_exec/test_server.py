@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 from tool_exec_support import descendants, pid_alive, wait_until
 
+from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer
 
@@ -260,3 +261,17 @@ async def test_run_sync_reads_chunked_answers_and_can_go_through_a_proxy() -> No
     ]
     with pytest.raises(ValueError, match="http:// proxies"):
         ToolRunner("x", {}, proxy="socks5://127.0.0.1:1080")
+
+
+async def test_a_plain_tool_server_runs_generated_code_from_the_default_registry(
+    tool_server: ToolServer, demo_params: dict[str, Any]
+) -> None:
+    ServerRegistry().register("demo", demo_params)  # what generate_mcp_sources records
+    generated_call = ToolRunner("demo", {}, port=tool_server.port)  # generated code sends no server_params
+    assert await generated_call.run("echo", {"text": "from the registry"}) == "from the registry"
+
+
+async def test_a_plain_tool_server_names_the_registry_for_an_unknown_server(tool_server: ToolServer) -> None:
+    with pytest.raises(ToolRunnerError, match="neither running nor registered") as info:
+        await ToolRunner("nowhere", {}, port=tool_server.port).run("echo", {"text": "x"})
+    assert "generate_mcp_sources" in str(info.value)

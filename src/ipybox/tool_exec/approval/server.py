@@ -133,7 +133,7 @@ class ApprovalChannel:
             return True
         websocket = self._websocket
         if websocket is None:
-            raise NoApprovalClientError("No approval client is connected to the tool server.")
+            raise NoApprovalClientError("The approval client is not connected to the tool server.")
         request_id = next(self._ids)
         decision: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = decision
