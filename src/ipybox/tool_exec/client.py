@@ -174,13 +174,27 @@ class ToolRunner:
                         connection = self._connection = _Connection(
                             self._address, self.connect_timeout, self.read_timeout
                         )
-                    status, data, close = connection.exchange(request)
+                    try:
+                        connection.send(request)
+                    except (BrokenPipeError, ConnectionResetError) as exc:
+                        # A kept connection the tool server closed just now: the request did not
+                        # get through, so it is safe to send it once more on a new connection.
+                        self._drop_connection()
+                        if reused and attempt == 1:
+                            continue
+                        raise self._unreachable(tool_name, exc) from exc
+                    status, data, close = connection.receive()
                 except (_ClosedBeforeAnswer, BrokenPipeError, ConnectionResetError) as exc:
-                    # A kept connection the tool server closed in the meantime: reconnect once.
+                    # The request was sent and may have run: a tool call runs at most once.
                     self._drop_connection()
-                    if reused and attempt == 1:
-                        continue
-                    raise self._unreachable(tool_name, exc) from exc
+                    raise ToolRunnerError(
+                        f"{self._what(tool_name)} failed: the tool server at {self.host}:{self.port} closed the "
+                        f"connection after the request was sent ({exc}); it may or may not have run, so it was "
+                        "not sent again. Check its effect before calling it again.",
+                        "failed",
+                        self.server_name,
+                        tool_name,
+                    ) from exc
                 except TimeoutError as exc:
                     self._drop_connection()
                     raise ToolRunnerError(
@@ -315,9 +329,12 @@ class _Connection:
     def close(self) -> None:
         self.sock.close()
 
-    def exchange(self, request: bytes) -> tuple[int, bytes, bool]:
-        """Send one request, read its response: ``(status, body, server_closes)``."""
+    def send(self, request: bytes) -> None:
+        """Send one request."""
         self.sock.sendall(request)
+
+    def receive(self) -> tuple[int, bytes, bool]:
+        """Read the response to the request sent: ``(status, body, server_closes)``."""
         buffer = self.buffer
         while (end := buffer.find(b"\r\n\r\n")) < 0:
             if not self._fill():
