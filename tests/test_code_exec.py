@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -22,6 +22,7 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+from ipybox.errors import KernelConnectionError
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -377,17 +378,56 @@ async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExec
     assert response.status_code in (401, 403)
 
 
+async def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
+    """Wait on a condition that has no event of its own, under a deadline."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110  # polls state owned by another component
+            await asyncio.sleep(0.01)
+
+
 async def test_closing_a_stream_early_rejects_the_call_waiting_for_approval(executor: CodeExecutor) -> None:
-    code = """
-from mcptools.demo import echo
-from ipybox.tool_exec.client import ToolRunnerError
-try:
-    echo.run(echo.Params(text="abandoned"))
-except ToolRunnerError as e:
-    print(e.kind)
-"""
+    assert executor._tool_server is not None
+    channel = executor._tool_server._channel
+    code = "from mcptools.demo import echo\necho.run(echo.Params(text='abandoned'))"
     async with contextlib.aclosing(executor.stream(code)) as items:
         async for item in items:
             assert isinstance(item, ApprovalRequest)
+            request = item
             break  # walk away without deciding
+    await wait_for(lambda: not channel._pending)  # the tool server was told "rejected"
+    await request.accept()  # a decision after the execution ended runs nothing
+    assert not channel._pending
     assert (await executor.execute("print('next')")).text == "next"
+
+
+def gateway_processes() -> list[psutil.Process]:
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "ipybox.kernel_mgr._gateway_main" in " ".join(p.cmdline())
+    ]
+
+
+def kill_tree(process: psutil.Process) -> None:
+    for p in [*process.children(recursive=True), process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+
+async def test_a_gateway_that_died_neither_hides_the_callers_error_nor_half_resets(workdir: Path) -> None:
+    before = {p.pid for p in gateway_processes()}
+    async with CodeExecutor() as ex:
+        assert ex._tool_server is not None
+        await ex.execute("from mcptools.demo import pid\npid.run(pid.Params())")
+        assert ex._tool_server._sessions  # a running MCP server, for reset() to stop
+        (gateway,) = [p for p in gateway_processes() if p.pid not in before]
+        with pytest.raises(ValueError, match="the caller's own error"):
+            async with contextlib.aclosing(
+                ex.stream("print('go', flush=True)\nimport time\ntime.sleep(60)", chunks=True)
+            ) as items:
+                async for _ in items:
+                    kill_tree(gateway)
+                    raise ValueError("the caller's own error")
+        with pytest.raises(KernelConnectionError):
+            await ex.reset()
+        assert ex._tool_server._sessions == {}  # the tool server's reset ran to its end

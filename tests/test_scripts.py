@@ -17,7 +17,9 @@ def test_every_script_that_calls_uv_finds_it_the_same_way() -> None:
         if first_uv is None:
             continue
         sourced = next((i for i, line in enumerate(lines) if line.strip() == "source scripts/_uv.sh"), None)
-        assert sourced is not None and sourced < first_uv, f"{script.name} calls uv before sourcing scripts/_uv.sh"
+        assert sourced is not None and sourced < first_uv, (
+            f"{script.name} calls uv before sourcing scripts/_uv.sh"
+        )
 
 
 def test_uv_is_found_without_local_bin_on_path() -> None:

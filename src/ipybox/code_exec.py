@@ -12,7 +12,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from ipybox.errors import CodeExecutionError, ExecutionError, KernelConnectionError, KernelDiedError
+from ipybox.errors import (
+    ApprovalConnectionError,
+    CodeExecutionError,
+    ExecutionError,
+    KernelConnectionError,
+    KernelDiedError,
+)
 from ipybox.kernel_mgr.client import ExecutionResult, KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from ipybox.tool_exec._registry import ServerRegistry
@@ -237,7 +243,11 @@ class CodeExecutor:
         """
         kernel, tool_server = self._require_started()
         async with self._lock:
-            await asyncio.gather(kernel.reset(), tool_server.reset())
+            # Both resets run to their end even when one fails; the first failure is raised.
+            outcomes = await asyncio.gather(kernel.reset(), tool_server.reset(), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     async def cancel(self) -> None:
         """Interrupt the running execution, if any, from another task.
@@ -308,23 +318,28 @@ class CodeExecutor:
             runner = asyncio.create_task(
                 self._run(kernel.stream(code, timeout=timeout), kernel, chunks, items)
             )
+            handed: list[ApprovalRequest] = []
             try:
                 while (item := await items.get()) is not None:
+                    if isinstance(item, ApprovalRequest):
+                        handed.append(item)
                     yield item
                 await runner
             finally:
                 self._requests = None
+                # Nobody is left to decide on calls still waiting, whether handed out or not:
+                # refuse them now, so that a decision arriving later runs nothing.
+                while not items.empty():
+                    if isinstance(pending := items.get_nowait(), ApprovalRequest):
+                        handed.append(pending)
+                for request in handed:
+                    with contextlib.suppress(ApprovalConnectionError):
+                        await request.reject()
                 if not runner.done():
                     runner.cancel()
                     await asyncio.wait({runner})
                     with contextlib.suppress(KernelConnectionError):
                         await kernel.interrupt()
-                # Nobody is left to decide on calls still waiting: refuse them now rather
-                # than let them wait for the approval timeout.
-                while not items.empty():
-                    if isinstance(pending := items.get_nowait(), ApprovalRequest):
-                        with contextlib.suppress(Exception):
-                            await pending.reject()
 
     async def _run(
         self,

@@ -232,14 +232,19 @@ class KernelClient:
                 kernel ignores interrupts between executions.
 
         Raises:
-            KernelConnectionError: If not connected to a kernel.
+            KernelConnectionError: If not connected to a kernel, or the gateway cannot be reached.
         """
         kernel_id = self.kernel_id
         assert self._http is not None and self._kernel is not None
         if wait_until_started:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kernel.busy.wait(), _INTERRUPT_GRACE)
-        await self._http.post(f"/api/kernels/{kernel_id}/interrupt")
+        try:
+            await self._http.post(f"/api/kernels/{kernel_id}/interrupt")
+        except httpx.HTTPError as exc:
+            raise KernelConnectionError(
+                f"The kernel could not be interrupted: the gateway at {self._base_url} did not answer ({exc!r})."
+            ) from exc
 
     async def execute(self, code: str, timeout: float = 120) -> ExecutionResult:
         """Run code and return its complete result.
@@ -279,6 +284,11 @@ class KernelClient:
             TimeoutError: If the code ran longer than `timeout`; the kernel is
                 interrupted, keeps its state and stays usable.
         """
+        # The lock covers only submitting the request, never a ``yield``: a stream its caller
+        # abandons holds nothing, and the kernel itself runs submitted requests one at a time.
+        deadline = time.monotonic() + timeout
+        msg_id = uuid.uuid4().hex
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         async with self._lock:
             kernel = self._kernel
             if kernel is None:
@@ -288,19 +298,24 @@ class KernelClient:
                     "The kernel has died and lost its state; call reset() to start a fresh one.",
                     ename="KernelDied",
                 )
-            msg_id = uuid.uuid4().hex
-            queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
             kernel.queues[msg_id] = queue
             try:
                 await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
-                async for item in self._collect(kernel, queue, time.monotonic() + timeout, timeout):
-                    yield item
-            finally:
+            except websockets.ConnectionClosed as exc:
                 kernel.queues.pop(msg_id, None)
-                kernel.busy.clear()
-                # Booting the spare only after the first execution keeps it from competing
-                # with the kernel that is starting up.
-                self._start_spare()
+                raise KernelDiedError(
+                    "The kernel's connection is gone and its state with it; call reset() to start a fresh one.",
+                    ename="KernelDied",
+                ) from exc
+        try:
+            async for item in self._collect(kernel, queue, deadline, timeout):
+                yield item
+        finally:
+            kernel.queues.pop(msg_id, None)
+            kernel.busy.clear()
+            # Booting the spare only after the first execution keeps it from competing
+            # with the kernel that is starting up.
+            self._start_spare()
 
     async def _collect(
         self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
@@ -394,7 +409,12 @@ class KernelClient:
         assert self._http is not None
         # Sending "env" makes the gateway give the kernel only PATH plus the variables
         # the KernelGateway whitelisted, never the gateway's whole environment.
-        response = await self._http.post("/api/kernels", json={"env": {}})
+        try:
+            response = await self._http.post("/api/kernels", json={"env": {}})
+        except httpx.HTTPError as exc:
+            raise KernelConnectionError(
+                f"No kernel could be created: the gateway at {self._base_url} did not answer ({exc!r})."
+            ) from exc
         if response.status_code != 201:
             raise KernelConnectionError(
                 f"The gateway refused to create a kernel (HTTP {response.status_code}): {response.text}"
