@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import decimal
+import logging
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -275,3 +278,31 @@ async def test_a_plain_tool_server_names_the_registry_for_an_unknown_server(tool
     with pytest.raises(ToolRunnerError, match="neither running nor registered") as info:
         await ToolRunner("nowhere", {}, port=tool_server.port).run("echo", {"text": "x"})
     assert "generate_mcp_sources" in str(info.value)
+
+
+async def test_tool_servers_log_through_the_applications_handlers_and_configure_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    watched = [logging.getLogger(name) for name in ("ipybox", "ipybox.tool_exec", "uvicorn.error")]
+    before = [(log.handlers[:], log.propagate, log.level) for log in watched]
+    async with ToolServer(port=0, log_to_stderr=True) as one, ToolServer(port=0, log_to_stderr=False) as two:
+        pass
+    listening = [r.getMessage() for r in caplog.records if r.name == "ipybox.tool_exec.server"]
+    assert f"Tool server listening on localhost:{one.port}" in listening
+    assert f"Tool server listening on localhost:{two.port}" in listening
+    assert [(log.handlers[:], log.propagate, log.level) for log in watched] == before
+
+
+def test_log_to_stderr_shows_records_where_the_application_configured_no_logging() -> None:
+    code = (
+        "import asyncio\nfrom ipybox.tool_exec.server import ToolServer\n"
+        "async def main():\n"
+        "    async with ToolServer(port=0, log_to_stderr=True):\n"
+        "        pass\n"
+        "asyncio.run(main())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "Tool server listening on" in result.stderr

@@ -24,7 +24,6 @@ import hmac
 import json
 import logging
 import socket
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -124,8 +123,11 @@ class ToolServer:
         approval_required: Whether tool calls need the application's approval.
         approval_timeout: Seconds to wait for an approval decision.
         connect_timeout: Seconds an MCP server has to start and complete the MCP handshake.
-        log_to_stderr: Log to stderr instead of stdout.
-        log_level: Logging level of the tool server (DEBUG, INFO, WARNING, ERROR, CRITICAL).
+        log_to_stderr: Where the application configured no logging, show the tool server's
+            log records on stderr. Records always go through the ``logging`` module (loggers
+            ``ipybox.tool_exec`` and ``uvicorn.error``) to the application's own handlers.
+        log_level: Level of the stderr output of ``log_to_stderr``; otherwise the application's
+            logging configuration decides what is shown.
         registry: The trusted server registry; enables the secured mode.
         token: Bearer token required by ``/run`` and ``/reset``.
         approval_secret: Bearer secret required to connect to ``/approval``.
@@ -197,13 +199,15 @@ class ToolServer:
         """
         if self._serve_task is not None:
             raise RuntimeError(f"The tool server is already running on {self.host}:{self._port}.")
-        _configure_logging(self.log_level, self.log_to_stderr)
+        if self.log_to_stderr:
+            _log_to_stderr_unless_configured(self.log_level)
         sock = _bind(self.host, self._port)
         self._port = sock.getsockname()[1]
         config = uvicorn.Config(
             self,
+            # No log_config or log_level: uvicorn then leaves the logging configuration alone.
             log_config=None,
-            log_level=self.log_level.lower(),
+            log_level=None,
             access_log=False,
             lifespan="off",
             http="auto",
@@ -478,32 +482,20 @@ def _summarise(exc: ValidationError) -> str:
     )
 
 
-class _StdStreamHandler(logging.Handler):
-    """Writes to whatever ``sys.stdout`` / ``sys.stderr`` is at the time of each record."""
-
-    def __init__(self, stream_name: str) -> None:
-        super().__init__()
-        self.stream_name = stream_name
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            stream = getattr(sys, self.stream_name)
-            stream.write(self.format(record) + "\n")
-            stream.flush()
-        except Exception:
-            self.handleError(record)
+class _StderrFallback(logging.StreamHandler):  # type: ignore[type-arg]  # generic only in typeshed
+    """Writes ipybox's records to stderr for an application that configured no logging."""
 
 
-_handler = _StdStreamHandler("stdout")
-_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-
-
-def _configure_logging(level: str, to_stderr: bool) -> None:
-    """Send the tool server's and uvicorn's logs to stdout or stderr at the given level."""
-    _handler.stream_name = "stderr" if to_stderr else "stdout"
-    for name in ("ipybox.tool_exec", "uvicorn.error"):
-        target = logging.getLogger(name)
-        target.setLevel(level)
-        if _handler not in target.handlers:
-            target.addHandler(_handler)
-        target.propagate = False
+def _log_to_stderr_unless_configured(level: str) -> None:
+    """``log_to_stderr``: where the application has no logging set up, show ipybox's records on
+    stderr. An application with its own handlers gets the records through them instead, and
+    the logging configuration is left as the application made it."""
+    if logging.getLogger().handlers:
+        return
+    package = logging.getLogger("ipybox")
+    if not any(isinstance(handler, _StderrFallback) for handler in package.handlers):
+        handler = _StderrFallback()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)
+    if package.level == logging.NOTSET:
+        package.setLevel(level)
