@@ -107,6 +107,24 @@ async def test_a_rejected_call_ends_the_code_with_an_error_saying_rejected(execu
     assert info.value.ename == "ToolRunnerError"
 
 
+async def test_a_rejected_call_shows_the_agents_line_and_the_error_not_ipyboxs_frames(
+    executor: CodeExecutor,
+) -> None:
+    code = "from mcptools.demo import echo\nx = 1\necho.run(echo.Params(text='no'))"
+    with pytest.raises(CodeExecutionError) as info:
+        await collect(executor, code, decide=False)
+    traceback = info.value.traceback
+    assert "echo.run(echo.Params(text='no'))" in traceback
+    assert "ToolRunnerError: Tool call demo.echo was rejected by the application." in traceback
+    for internal in ("run_tool", "run_sync", "_result", "ipybox/tool_exec", "mcptools/demo/echo.py"):
+        assert internal not in traceback
+    assert len(traceback.splitlines()) <= 12, traceback
+    assert (info.value.ename, info.value.evalue) == (
+        "ToolRunnerError",
+        "Tool call demo.echo was rejected by the application.",
+    )
+
+
 async def test_a_rejected_call_can_be_caught_by_the_code(executor: CodeExecutor) -> None:
     code = """
 from mcptools.demo import echo

@@ -130,6 +130,7 @@ def render_tool_module(
     parts.append("")
     parts.append(f"def run(params: Params) -> {returns}:")
     parts.append(f"    {docstring(doc, '    ')}")
+    parts.append("    __tracebackhide__ = True  # the caller's line and the error are what matter")
     parts.append(f"    result = {call}")
     if output_schema is not None:
         parts.append("    return Result.model_validate(result)")

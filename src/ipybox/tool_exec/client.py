@@ -101,6 +101,7 @@ class ToolRunner:
         Raises:
             ToolRunnerError: The call was rejected, expired or failed.
         """
+        __tracebackhide__ = True  # IPython leaves ipybox's own frames out of the agent's traceback
         body = self._body(tool_name, tool_args)
         status, data = self._request_sync("POST", "/run", body, tool_name)
         return self._result(status, data, tool_name)
@@ -147,6 +148,7 @@ class ToolRunner:
             self._drop_connection()
 
     def _body(self, tool_name: str, tool_args: dict[str, Any]) -> bytes:
+        __tracebackhide__ = True
         try:
             args = json.dumps(tool_args, default=_to_json)
         except (TypeError, ValueError) as exc:
@@ -159,6 +161,7 @@ class ToolRunner:
         return f'{self._body_head}{json.dumps(tool_name)}, "tool_args": {args}}}'.encode()
 
     def _request_sync(self, method: str, path: str, body: bytes, tool_name: str) -> tuple[int, bytes]:
+        __tracebackhide__ = True
         head = self._heads.get(method + path)
         if head is None:
             head = self._heads[method + path] = self._head(method, path)
@@ -255,6 +258,7 @@ class ToolRunner:
         return response.status_code, response.content
 
     def _result(self, status: int, data: bytes, tool_name: str) -> dict[str, Any] | str | None:
+        __tracebackhide__ = True
         if status == 200:
             try:
                 result: dict[str, Any] | str | None = json.loads(data)["result"]
@@ -453,6 +457,7 @@ def run_tool(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> dic
     Raises:
         ToolRunnerError: The call was rejected, expired or failed.
     """
+    __tracebackhide__ = True
     return _runner(server_name).run_sync(tool_name, tool_args)
 
 
@@ -469,6 +474,7 @@ def request_approval(tool_name: str, tool_args: dict[str, Any]) -> None:
     Raises:
         ToolRunnerError: The request was rejected, expired or failed.
     """
+    __tracebackhide__ = True
     runner = _runner("ipybox")
     status, data = runner._request_sync("POST", "/approve", runner._body(tool_name, tool_args), tool_name)
     if status != 200:
