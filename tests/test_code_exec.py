@@ -341,6 +341,16 @@ async def test_executors_are_independent(workdir: Path) -> None:
         assert (await two.execute("print(who)")).text == "two"
 
 
+async def test_eight_executors_started_at_once_each_get_their_own_ports(workdir: Path) -> None:
+    executors = [CodeExecutor() for _ in range(8)]
+    try:
+        await asyncio.gather(*(ex.start() for ex in executors))
+        results = await asyncio.gather(*(ex.execute(f"print({i})") for i, ex in enumerate(executors)))
+        assert [r.text for r in results] == [str(i) for i in range(8)]
+    finally:
+        await asyncio.gather(*(ex.stop() for ex in executors))
+
+
 async def test_code_generated_in_another_process_works_without_configuration(workdir: Path) -> None:
     script = (
         "import asyncio, sys\nfrom pathlib import Path\nfrom ipybox import generate_mcp_sources\n"

@@ -65,3 +65,21 @@ async def test_sandbox_is_reported_as_not_available_yet() -> None:
     with pytest.raises(SandboxUnavailableError, match="not available yet"):
         await gateway.start()
     assert not gateway.running
+
+
+async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ipybox.kernel_mgr.server as server
+
+    with socket.socket() as squatter:  # another process wins the race for the picked port
+        squatter.bind(("localhost", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        picks = iter([taken])
+        real_free_port = server.free_port
+        monkeypatch.setattr(server, "free_port", lambda host: next(picks, None) or real_free_port(host))
+        async with KernelGateway(port=None) as gateway:
+            assert gateway.port not in (0, taken)
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(f"{gateway.url}/api")).status_code == 200

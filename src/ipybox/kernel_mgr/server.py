@@ -22,6 +22,7 @@ import psutil
 from ipybox.errors import GatewayError, SandboxUnavailableError
 
 _LOG_TAIL_LINES = 40
+_PORT_ATTEMPTS = 5
 
 
 def free_port(host: str = "localhost") -> int:
@@ -125,8 +126,23 @@ class KernelGateway:
                 "Sandboxing the kernel gateway is not available yet in this version of ipybox; "
                 "start it with sandbox=False."
             )
-        if self.port == 0:
+        if self.port != 0:
+            await self._start(timeout)
+            return
+        # A port found free can be taken by another process before the gateway binds it
+        # (two executors starting at once): then the gateway exits, and another port is tried.
+        for attempt in range(_PORT_ATTEMPTS):
             self.port = free_port(self.host)
+            try:
+                await self._start(timeout)
+                return
+            except GatewayError:
+                taken = any("is already in use" in line for line in self._log_tail)
+                if not taken or attempt + 1 == _PORT_ATTEMPTS:
+                    self.port = 0
+                    raise
+
+    async def _start(self, timeout: float) -> None:
         self._log_tail.clear()
         self._announced = asyncio.Event()
         self._jupyter_dir = _write_kernel_spec()
