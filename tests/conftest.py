@@ -37,6 +37,7 @@ def _start_http_demo(transport: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        process.stdout.close()
 
 
 @pytest.fixture(scope="session")

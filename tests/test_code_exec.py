@@ -379,6 +379,22 @@ async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
         await ex.execute("1")
 
 
+async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(executor: CodeExecutor) -> None:
+    def running() -> set[int]:
+        return {
+            p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+        }
+
+    before = running()
+    ex = CodeExecutor()
+    await ex.start()
+    await ex.execute("from mcptools.demo import pid\npid.run(pid.Params())")  # an MCP server runs too
+    await ex.execute("import subprocess\nsleeper = subprocess.Popen(['sleep', '60'])")
+    assert len(running() - before) >= 4  # gateway, kernel, MCP server, sleep
+    await ex.stop()
+    assert running() <= before
+
+
 async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state")}
     process = await asyncio.create_subprocess_exec(

@@ -53,6 +53,9 @@ class CodeExecutionChunk:
 
 
 _Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
+# Seconds the gateway and kernels get to exit after SIGTERM when the executor stops; they
+# hold no state worth a longer wait, and then they are killed.
+_STOP_GRACE = 0.05
 
 
 class CodeExecutor:
@@ -139,7 +142,7 @@ class CodeExecutor:
         self.approve_shell_cmds = approve_shell_cmds
         self.require_shell_escape = require_shell_escape
         self.working_dir = Path(working_dir).resolve() if working_dir is not None else None
-        self._stack: AsyncExitStack | None = None
+        self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
         self._lock = asyncio.Lock()
@@ -166,7 +169,7 @@ class CodeExecutor:
             KernelConnectionError: If no kernel could be created.
             ApprovalConnectionError: If the approval connection to the tool server failed.
         """
-        if self._stack is not None:
+        if self._parts is not None:
             raise RuntimeError("The code executor is already started; call stop() first.")
         # .env of the working directory is read when an MCP server starts (tool_exec._params),
         # not copied into this process's environment.
@@ -219,17 +222,32 @@ class CodeExecutor:
             )
             await stack.enter_async_context(approval)
             self._tool_server, self._kernel = tool_server, kernel
-            self._stack = stack.pop_all()
+            self._parts = (approval, kernel, gateway, tool_server)
+            # From here on stop() takes everything down; the stack only served a failed start.
+            stack.pop_all()
 
     async def stop(self) -> None:
         """Stop the kernel, the kernel gateway and the tool server with its MCP servers.
 
         Stopping a stopped executor does nothing.
         """
-        stack, self._stack = self._stack, None
+        parts, self._parts = self._parts, None
         self._tool_server = self._kernel = None
-        if stack is not None:
-            await stack.aclose()
+        if parts is None:
+            return
+        approval, kernel, gateway, tool_server = parts
+        try:
+            await approval.disconnect()
+            # The gateway takes its kernels down with it: no shutdown request per kernel.
+            await kernel.disconnect(shutdown_kernels=False)
+        finally:
+            # Both run to their end even if one fails; the first failure is raised.
+            outcomes = await asyncio.gather(
+                gateway.stop(timeout=_STOP_GRACE), tool_server.stop(), return_exceptions=True
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     async def reset(self) -> None:
         """Give the executor a fresh kernel and stop all MCP servers.

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from tool_exec_support import DEMO_SERVER
 
+from ipybox.tool_exec.client import ToolRunner
 from ipybox.tool_exec.server import ToolServer
 
 
@@ -20,6 +21,22 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     path = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("IPYBOX_STATE_DIR", str(path))
     return path
+
+
+@pytest.fixture(autouse=True)
+async def close_runners(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """Close every ToolRunner a test made, as an application closes its clients."""
+    made: list[ToolRunner] = []
+    init = ToolRunner.__init__
+
+    def recording_init(self: ToolRunner, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(ToolRunner, "__init__", recording_init)
+    yield
+    for runner in made:
+        await runner.aclose()
 
 
 @pytest.fixture

@@ -171,8 +171,13 @@ class KernelClient:
             # A spare that fails is replaced on reset(); its error must not go unretrieved.
             self._spare.add_done_callback(lambda task: task.cancelled() or task.exception())
 
-    async def disconnect(self) -> None:
-        """Shut down the kernel (and the spare) and close the connection."""
+    async def disconnect(self, *, shutdown_kernels: bool = True) -> None:
+        """Shut down the kernel (and the spare) and close the connection.
+
+        Args:
+            shutdown_kernels: Ask the gateway to shut the kernels down. ``False`` only closes
+                the connections, for a caller that stops the gateway with its kernels next.
+        """
         kernel, self._kernel = self._kernel, None
         spare, self._spare = self._spare, None
         to_close: list[_Kernel] = [kernel] if kernel else []
@@ -181,8 +186,14 @@ class KernelClient:
             await asyncio.wait({spare})
             if not spare.cancelled() and spare.exception() is None:
                 to_close.append(spare.result())
+        closing = list(self._closing)
+        if not shutdown_kernels:
+            for task in closing:
+                task.cancel()
         await asyncio.gather(
-            *(self._close_kernel(k) for k in to_close), *self._closing, return_exceptions=True
+            *(self._close_kernel(k, shutdown=shutdown_kernels) for k in to_close),
+            *closing,
+            return_exceptions=True,
         )
         if self._http is not None:
             await self._http.aclose()
@@ -445,12 +456,12 @@ class KernelClient:
         kernel.receiver = asyncio.create_task(self._receive(kernel))
         return kernel
 
-    async def _close_kernel(self, kernel: _Kernel) -> None:
+    async def _close_kernel(self, kernel: _Kernel, shutdown: bool = True) -> None:
         if kernel.receiver is not None:
             kernel.receiver.cancel()
         with contextlib.suppress(Exception):
             await kernel.ws.close()
-        if self._http is not None:
+        if shutdown and self._http is not None:
             with contextlib.suppress(httpx.HTTPError):
                 await self._http.delete(f"/api/kernels/{kernel.id}")
 

@@ -341,6 +341,7 @@ async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -
             proc.terminate()
     with contextlib.suppress(ProcessLookupError):
         process.terminate()
+    deadline = time.monotonic() + timeout
     # The gateway is our child: asyncio reaps it. Its descendants are only polled.
     try:
         await asyncio.wait_for(process.wait(), timeout)
@@ -348,7 +349,19 @@ async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         await process.wait()
-    _, alive = await asyncio.to_thread(psutil.wait_procs, descendants, timeout=min(timeout, 5))
+    alive = [proc for proc in descendants if _running(proc)]
+    while alive and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+        alive = [proc for proc in alive if _running(proc)]
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Whether a process still runs; an exited one waiting to be reaped (a zombie) does not."""
+    try:
+        status: str = proc.status()
+    except psutil.NoSuchProcess:
+        return False
+    return bool(status != psutil.STATUS_ZOMBIE)

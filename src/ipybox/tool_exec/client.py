@@ -143,9 +143,29 @@ class ToolRunner:
         self._check_reset(status, data)
 
     def close(self) -> None:
-        """Close the kept connection (a later call opens a new one)."""
+        """Close the kept connection of the blocking API (a later call opens a new one)."""
         with self._lock:
             self._drop_connection()
+
+    async def aclose(self) -> None:
+        """Close every kept connection, of the blocking and the async API (a later call opens a new one)."""
+        self.close()
+        client, self._async_client = self._async_client, None
+        self._async_loop = None
+        if client is not None:
+            await client.aclose()
+
+    def __enter__(self) -> ToolRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ToolRunner:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
     def _body(self, tool_name: str, tool_args: dict[str, Any]) -> bytes:
         __tracebackhide__ = True
