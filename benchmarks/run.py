@@ -3,7 +3,7 @@
 For each figure, `benchmarks/workload.py` runs once under the reference environment's
 interpreter (`.bench/ref`, made by `benchmarks/setup_reference.sh`) and once under the
 project's (`.venv`), one after the other on the same machine. The table shows both medians,
-their ratio (ours / reference) and the target ratio from ARCHITECTURE.md. A figure that
+their ratio (ours / reference) and the target ratio (`FIGURES` below, benchmarks/README.md). A figure that
 fails on one side shows `n/a` and the error's first line; the run goes on.
 
 Usage (from the repository root, with the project's interpreter):

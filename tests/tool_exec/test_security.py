@@ -1,4 +1,8 @@
-"""The secured mode (ARCHITECTURE S1-S4), attacked the way hostile code in a kernel would.
+"""The secured mode, attacked the way hostile code in a kernel would (README, "How it fits together").
+
+S1: kernel code cannot make the tool server start a process or reach a URL it chose (only
+registered servers run); S2: kernel code cannot approve, hijack or replay approval; S3:
+secrets named as ``${VAR}`` never reach the kernel; S4: calls need the executor's token.
 
 The attacker knows what the kernel knows: the tool server's address and its token (both are
 in the kernel's environment), but not the approval secret. It uses plain HTTP and WebSocket

@@ -7,7 +7,8 @@ warm and ~3 s in a fresh process, over the whole budget of ``generate_mcp_source
 (~1.5 s, server start included); this compiler needs ~70 ms for the same tools. Figures come
 from ``tests/mcp_apigen/measure_generation.py --compare-dcg``.
 
-Why the output is safe (ARCHITECTURE S5): text from a server reaches a module only as
+Why the output is safe (a server's schemas must never choose the code that runs in the
+kernel): text from a server reaches a module only as
 
 - a string literal made by :func:`str_literal` (``repr``) or :func:`docstring` (escaped, and
   checked to read back as the text it encodes), or

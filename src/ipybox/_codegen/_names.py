@@ -62,7 +62,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def module_name(tool_name: str) -> str:
-    """The module name ARCHITECTURE gives a tool (before collisions are resolved).
+    """The module name of a tool (before collisions are resolved).
 
     Every character outside ``[a-zA-Z0-9_]`` becomes ``_`` and the result is lower-cased; a
     keyword gets a trailing ``_`` (``class`` -> ``class_``) and a leading digit a leading ``_``

@@ -26,7 +26,6 @@ from mcp.client import Client
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
 from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
@@ -41,6 +40,8 @@ logger = logging.getLogger(__name__)
 # Marks a stdio server's process so the session can find its process group afterwards.
 _SESSION_MARKER_ENV = "IPYBOX_MCP_SESSION"
 _GROUP_KILL_GRACE = 2.0
+_HTTP_TIMEOUT = 30.0
+_HTTP_READ_TIMEOUT = 300.0
 
 
 class _EofWatchingStream:
@@ -355,7 +356,9 @@ class _EnteredTransport(contextlib.AbstractAsyncContextManager[Any]):
 
 @contextlib.asynccontextmanager
 async def _streamable_http(url: str, headers: Mapping[str, str]) -> AsyncIterator[Any]:
-    async with create_mcp_http_client(headers=dict(headers)) as http_client:
+    # The MCP SDK's own defaults: a server may hold a response stream open for minutes.
+    timeout = httpx2.Timeout(_HTTP_TIMEOUT, read=_HTTP_READ_TIMEOUT)
+    async with httpx2.AsyncClient(headers=dict(headers), timeout=timeout) as http_client:
         async with streamable_http_client(url, http_client=http_client) as streams:
             yield streams
 
