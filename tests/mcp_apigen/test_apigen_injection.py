@@ -19,12 +19,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from apigen_support import check_source, import_module, importable, write_sources
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.types import Tool
 
 from ipybox.mcp_apigen import render_sources
+from tests.mcp_apigen.apigen_support import check_source, import_module, importable, write_sources
 
 CANARY = Path(tempfile.mkdtemp(prefix="ipybox-canary-")) / "CANARY"
 PAYLOAD = f"__import__('pathlib').Path({str(CANARY)!r}).touch()"

@@ -9,18 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tool_exec_support import DEMO_SERVER
 
 from ipybox.tool_exec.client import ToolRunner
 from ipybox.tool_exec.server import ToolServer
-
-
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own registry directory, never the user's real one."""
-    path = tmp_path_factory.mktemp("state")
-    monkeypatch.setenv("IPYBOX_STATE_DIR", str(path))
-    return path
+from tests.conftest import DEMO_SERVER
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,11 @@ import pytest
 
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 
-_OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 14\r\n\r\n{"result": 42}'
+_BODY = b'{"result": {"answer": 42}}'
+_OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+    len(_BODY),
+    _BODY,
+)
 
 
 class DroppingServer:
@@ -72,7 +76,7 @@ def test_a_call_whose_connection_drops_after_sending_is_not_sent_again(
     dropping_server: DroppingServer,
 ) -> None:
     runner = ToolRunner("demo", {}, "127.0.0.1", dropping_server.port, connect_timeout=5, read_timeout=10)
-    assert runner.run_sync("echo", {"text": "first"}) == 42
+    assert runner.run_sync("echo", {"text": "first"}) == {"answer": 42}
     with pytest.raises(ToolRunnerError, match="not sent again") as info:
         runner.run_sync("echo", {"text": "second"})
     assert info.value.kind == "failed"
@@ -84,8 +88,8 @@ def test_a_kept_connection_the_server_closed_while_idle_is_replaced_silently(
     dropping_server: DroppingServer,
 ) -> None:
     runner = ToolRunner("demo", {}, "127.0.0.1", dropping_server.port, connect_timeout=5, read_timeout=10)
-    assert runner.run_sync("echo", {"text": "first"}) == 42
+    assert runner.run_sync("echo", {"text": "first"}) == {"answer": 42}
     assert runner._connection is not None
     runner._connection.sock.shutdown(socket.SHUT_WR)  # the server sees EOF and closes its side
-    assert runner.run_sync("echo", {"text": "second"}) == 42
+    assert runner.run_sync("echo", {"text": "second"}) == {"answer": 42}
     runner.close()

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tool_exec_support import descendants, pid_alive, wait_until
 
 from ipybox.errors import MCPServerError, ServerParamsError
 from ipybox.tool_exec._mcp import MCPSession, list_tools
 from ipybox.tool_exec._params import HttpParams, StdioParams, resolve_params
+from tests.conftest import DEMO_SERVER
+from tests.tool_exec.tool_exec_support import descendants, pid_alive, wait_until
 
 # --- server parameters -------------------------------------------------------------------
 
@@ -189,7 +190,7 @@ async def test_a_crash_fails_the_call_in_flight_clearly_and_ends_the_session(
 async def test_close_stops_the_server_with_its_whole_process_tree(tmp_path: Path) -> None:
     # The server leaves a background child behind in its process group, as wrappers often do.
     script = tmp_path / "wrapper.sh"
-    demo = Path(__file__).parents[1] / "servers" / "demo_server.py"
+    demo = DEMO_SERVER
     script.write_text(
         f"#!/bin/sh\nsleep 300 &\necho $! > {tmp_path / 'child.pid'}\nexec {sys.executable} {demo}\n"
     )

@@ -16,11 +16,11 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import BaseModel
-from tool_exec_support import descendants, pid_alive, wait_until
 
 from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer
+from tests.tool_exec.tool_exec_support import descendants, pid_alive, wait_until
 
 
 async def test_status_answers_ok_on_the_bound_port(tool_server: ToolServer) -> None:

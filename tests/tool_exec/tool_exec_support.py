@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
-
-DEMO_SERVER = Path(__file__).parents[1] / "servers" / "demo_server.py"
 
 
 def descendants() -> set[int]:
@@ -37,6 +34,6 @@ def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) ->
 def pid_alive(pid: int) -> bool:
     try:
         process = psutil.Process(pid)
-        return process.status() != psutil.STATUS_ZOMBIE
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False
