@@ -72,7 +72,8 @@ async def test_a_call_without_a_decision_expires(demo_params: dict[str, Any]) ->
         async with ApprovalClient(ignore, port=server.port):
             runner = ToolRunner("demo", demo_params, port=server.port)
             with pytest.raises(ToolRunnerError) as info:
-                await runner.run("echo", {"text": "x"})
+                async with asyncio.timeout(30):  # the test's own deadline: expiry must end the call
+                    await runner.run("echo", {"text": "x"})
     assert asked.is_set()
     assert info.value.kind == "expired"
     assert "expired" in str(info.value)

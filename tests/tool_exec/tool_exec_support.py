@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -21,13 +22,13 @@ def descendants() -> set[int]:
     return pids
 
 
-def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
+async def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
     """Poll a cheap condition under a deadline (for process-table checks, which have no event)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(interval)
+        await asyncio.sleep(interval)
     return bool(predicate())
 
 
