@@ -9,3 +9,7 @@ uv run --frozen ruff format --check src tests benchmarks examples
 uv run --frozen ruff check src tests benchmarks examples
 uv run --frozen mypy
 uv run --frozen pytest "$@"
+# The short soak (about 2 minutes) runs with the full suite, not with a chosen subset.
+if [ "$#" -eq 0 ]; then
+    uv run --frozen python benchmarks/soak.py --duration 120
+fi

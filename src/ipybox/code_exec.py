@@ -12,6 +12,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import httpx
+
 from ipybox.errors import (
     ApprovalConnectionError,
     CodeExecutionError,
@@ -145,6 +147,7 @@ class CodeExecutor:
         self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
+        self._gateway: KernelGateway | None = None
         self._lock = asyncio.Lock()
         self._requests: asyncio.Queue[_Item | None] | None = None
 
@@ -221,7 +224,7 @@ class CodeExecutor:
                 secret=approval_secret,
             )
             await stack.enter_async_context(approval)
-            self._tool_server, self._kernel = tool_server, kernel
+            self._tool_server, self._kernel, self._gateway = tool_server, kernel, gateway
             self._parts = (approval, kernel, gateway, tool_server)
             # From here on stop() takes everything down; the stack only served a failed start.
             stack.pop_all()
@@ -232,7 +235,7 @@ class CodeExecutor:
         Stopping a stopped executor does nothing.
         """
         parts, self._parts = self._parts, None
-        self._tool_server = self._kernel = None
+        self._tool_server = self._kernel = self._gateway = None
         if parts is None:
             return
         approval, kernel, gateway, tool_server = parts
@@ -373,14 +376,7 @@ class CodeExecutor:
                 elif chunks:
                     items.put_nowait(CodeExecutionChunk(text=item))
         except KernelDiedError as exc:
-            message = (
-                "The kernel died while running the code; a fresh kernel has replaced it and all "
-                "variables, imports and definitions are gone."
-            )
-            try:
-                await kernel.reset()
-            except KernelConnectionError as reset_error:
-                message = f"The kernel died while running the code, and no fresh kernel could be started ({reset_error})."
+            message = await self._replace_dead_kernel(kernel)
             raise CodeExecutionError(
                 message, ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
             ) from exc
@@ -390,6 +386,34 @@ class CodeExecutor:
             ) from exc
         finally:
             items.put_nowait(None)
+
+    async def _replace_dead_kernel(self, kernel: KernelClient) -> str:
+        """After the kernel died mid-execution: a fresh kernel, on a fresh gateway if the
+        gateway went too; the message for the execution that was hit."""
+        lost = "all variables, imports and definitions are gone"
+        try:
+            await kernel.reset()
+            return f"The kernel died while running the code; a fresh kernel has replaced it and {lost}."
+        except (KernelConnectionError, httpx.HTTPError, OSError):
+            pass  # no kernel could be created: the gateway itself is gone or broken
+        gateway = self._gateway
+        if gateway is None:  # stopped meanwhile
+            return "The kernel died while running the code, and the executor was stopped."
+        try:
+            await kernel.disconnect()
+            await gateway.stop()
+            await gateway.start()
+            kernel.port = gateway.port
+            await kernel.connect()
+        except Exception as error:
+            return (
+                "The kernel gateway died while running the code, and starting a new one failed "
+                f"({error}); stop() and start() the executor to try again."
+            )
+        return (
+            "The kernel gateway died while running the code; ipybox started a new gateway and "
+            f"kernel, and {lost}."
+        )
 
     async def _on_approval_request(self, request: ApprovalRequest) -> None:
         if self._requests is None:

@@ -76,6 +76,7 @@ DEMO_CALLS: dict[str, tuple[dict[str, Any], DemoCheck]] = {
     "slow": ({"seconds": 0.01}, lambda r: "slept" in str(value(r)) or pytest.fail(repr(r))),
     "getenv": ({"name": "IPYBOX_SURELY_UNSET_VARIABLE"}, lambda r: value(r) == "" or pytest.fail(repr(r))),
     "pid": ({}, lambda r: int(value(r)) > 0 or pytest.fail(repr(r))),
+    "rendezvous": ({"key": "alone", "count": 1}, lambda r: value(r) == "1 together" or pytest.fail(repr(r))),
 }
 
 

@@ -12,7 +12,8 @@ Over HTTP it binds the port itself (``0`` picks a free one) and prints one line
 Tools cover the shapes the tool execution layer and the code generator must handle:
 unstructured text, structured output, nested structured output, enums with optional and
 nullable fields and a ``$ref``'d nested input model, a slow tool, a failing tool, a tool that
-kills its own process, and a tool that echoes an environment variable.
+kills its own process, a tool that echoes an environment variable, and a rendezvous
+that answers only once a number of calls are in flight together.
 """
 
 from __future__ import annotations
@@ -158,6 +159,27 @@ def getenv(name: str) -> str:
 def pid() -> int:
     """Return the server's process id."""
     return os.getpid()
+
+
+_arrived: dict[str, int] = {}
+_complete: dict[str, asyncio.Event] = {}
+
+
+@mcp.tool(structured_output=False)
+async def rendezvous(key: str, count: int, timeout: float = 60) -> str:
+    """Wait until `count` calls with this `key` are in flight at once, then answer all of them.
+
+    Proves concurrency: run one by one, the calls could never all be waiting together.
+    """
+    _arrived[key] = _arrived.get(key, 0) + 1
+    event = _complete.setdefault(key, asyncio.Event())
+    if _arrived[key] >= count:
+        event.set()
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except TimeoutError:
+        raise ToolError(f"only {_arrived[key]} of {count} calls with key {key!r} arrived") from None
+    return f"{count} together"
 
 
 async def _serve_http(transport: str, host: str, port: int) -> None:

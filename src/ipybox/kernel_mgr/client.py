@@ -206,24 +206,28 @@ class KernelClient:
             KernelConnectionError: If no fresh kernel could be created.
         """
         async with self._lock:
-            old = self._kernel
-            if old is None or self._http is None:
-                raise KernelConnectionError("The client is not connected to a kernel; call connect() first.")
-            spare = self._spare
-            self._spare = None
-            new: _Kernel | None = None
-            if spare is not None:
-                try:
-                    new = await spare
-                except Exception:
-                    new = None
-            if new is None or new.dead:
-                if new is not None:
-                    self._close_in_background(new)
-                new = await self._open_kernel()
-            self._kernel = new
-            self._start_spare()
-            self._close_in_background(old)
+            await self._replace_kernel()
+
+    async def _replace_kernel(self) -> None:
+        """Switch to the spare (or a new kernel) and shut the old one down; the lock is held."""
+        old = self._kernel
+        if old is None or self._http is None:
+            raise KernelConnectionError("The client is not connected to a kernel; call connect() first.")
+        spare = self._spare
+        self._spare = None
+        new: _Kernel | None = None
+        if spare is not None:
+            try:
+                new = await spare
+            except Exception:
+                new = None
+        if new is None or new.dead:
+            if new is not None:
+                self._close_in_background(new)
+            new = await self._open_kernel()
+        self._kernel = new
+        self._start_spare()
+        self._close_in_background(old)
 
     def _close_in_background(self, kernel: _Kernel) -> None:
         """Shut a kernel down off the caller's path; `disconnect()` waits for it."""
@@ -293,7 +297,8 @@ class KernelClient:
             ExecutionError: If the code raised (with ``ename``, ``evalue``, ``traceback``).
             KernelDiedError: If the kernel died while running the code.
             TimeoutError: If the code ran longer than `timeout`; the kernel is
-                interrupted, keeps its state and stays usable.
+                interrupted, keeps its state and stays usable. Code that does not stop when
+                interrupted (blocked in C) gets a fresh kernel instead, and the message says so.
         """
         # The lock covers only submitting the request, never a ``yield``: a stream its caller
         # abandons holds nothing, and the kernel itself runs submitted requests one at a time.
@@ -312,12 +317,15 @@ class KernelClient:
             kernel.queues[msg_id] = queue
             try:
                 await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
-            except websockets.ConnectionClosed as exc:
+            except websockets.ConnectionClosed:
+                # Gone before the receiver noticed (the gateway died between executions).
                 kernel.queues.pop(msg_id, None)
+                self._kernel_died(kernel)
                 raise KernelDiedError(
-                    "The kernel's connection is gone and its state with it; call reset() to start a fresh one.",
+                    "The connection to the kernel closed before the code could be sent; its "
+                    "state is lost. Call reset() to start a fresh kernel.",
                     ename="KernelDied",
-                ) from exc
+                ) from None
         try:
             async for item in self._collect(kernel, queue, deadline, timeout):
                 yield item
@@ -341,10 +349,18 @@ class KernelClient:
                 async with asyncio.timeout_at(_loop_time(deadline)):
                     msg = await queue.get()
             except TimeoutError:
-                await self._interrupt(kernel, queue)
+                if await self._interrupt(kernel, queue):
+                    raise TimeoutError(
+                        f"The execution did not finish within {timeout:g} s; it was interrupted and "
+                        "the kernel kept its state."
+                    ) from None
+                # Code blocked in C (a regex, a lock, a native library) never sees SIGINT.
+                async with self._lock:
+                    await self._replace_kernel()
                 raise TimeoutError(
-                    f"The execution did not finish within {timeout:g} s; it was interrupted and "
-                    "the kernel kept its state."
+                    f"The execution did not finish within {timeout:g} s and did not stop when interrupted "
+                    "(it was blocked in code that ignores interrupts), so the kernel was restarted: "
+                    "its state (variables, imports, definitions) is lost."
                 ) from None
             if msg is None:
                 raise KernelDiedError(
@@ -396,8 +412,8 @@ class KernelClient:
         text = "".join(chunks).strip("\n")
         yield ExecutionResult(text=text or None, images=images)
 
-    async def _interrupt(self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None]) -> None:
-        """Interrupt the kernel and wait briefly until it is idle again."""
+    async def _interrupt(self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None]) -> bool:
+        """Interrupt the kernel and wait briefly until it is idle again; whether it got there."""
         assert self._http is not None
         with contextlib.suppress(httpx.HTTPError):
             await self._http.post(f"/api/kernels/{kernel.id}/interrupt")
@@ -405,10 +421,11 @@ class KernelClient:
             async with asyncio.timeout(_INTERRUPT_GRACE):
                 while True:
                     msg = await queue.get()
-                    if msg is None or (
-                        msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle"
-                    ):
-                        return
+                    if msg is None:
+                        return False
+                    if msg["msg_type"] == "status" and msg["content"].get("execution_state") == "idle":
+                        return True
+        return False
 
     def _save_image(self, b64: str) -> Path:
         self.images_dir.mkdir(parents=True, exist_ok=True)

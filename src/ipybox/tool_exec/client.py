@@ -262,6 +262,9 @@ class ToolRunner:
                 timeout=httpx.Timeout(self.read_timeout, connect=self.connect_timeout),
                 trust_env=False,
                 proxy=self.proxy,
+                # No cap on connections: calls gathered in the kernel may wait on each other
+                # (an approval, a tool that needs its siblings), so a queue could deadlock them.
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
             )
             self._async_loop = loop
         try:

@@ -1,0 +1,314 @@
+"""The fault matrix: each fault ends in a clear error for the operation it hit, and the executor works on.
+
+Faults are real: processes are killed with SIGKILL, servers go away and come back, cells flood
+output or block the kernel in C code. Everything goes through the public API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import pytest_asyncio
+
+from ipybox import (
+    ApprovalRequest,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    generate_mcp_sources,
+)
+from ipybox.tool_exec._registry import ServerRegistry
+from tests.conftest import DEMO_SERVER
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
+CONNECT_TIMEOUT = 5
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("faults")
+    old_cwd, old_state = Path.cwd(), os.environ.get("IPYBOX_STATE_DIR")
+    os.chdir(path)
+    os.environ["IPYBOX_STATE_DIR"] = str(path / "state")
+    try:
+        yield path
+    finally:
+        os.chdir(old_cwd)
+        if old_state is None:
+            os.environ.pop("IPYBOX_STATE_DIR", None)
+        else:
+            os.environ["IPYBOX_STATE_DIR"] = old_state
+
+
+@pytest.fixture(autouse=True)
+def state_dir(workdir: Path) -> Path:
+    """This module's executors share one registry, the module's (see `workdir`)."""
+    return workdir / "state"
+
+
+class HttpDemo:
+    """The demo MCP server over streamable HTTP on a fixed port, to be killed and started again."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen[str] | None = None
+        self.port = 0
+
+    def start(self) -> str:
+        self.process = subprocess.Popen(
+            [sys.executable, str(DEMO_SERVER), "--transport", "streamable-http", "--port", str(self.port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().strip()
+        assert line.startswith("READY "), line
+        url = line.removeprefix("READY ")
+        self.port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
+        return url
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+
+@pytest.fixture(scope="module")
+def http_demo() -> Iterator[HttpDemo]:
+    server = HttpDemo()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def executor(workdir: Path, http_demo: HttpDemo) -> AsyncIterator[CodeExecutor]:
+    url = http_demo.start()
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    await generate_mcp_sources("web", {"url": url}, workdir / "mcptools")
+    # A server that starts but never says a word: it is registered by the application (the
+    # registry is trusted) and its module is the demo's, so the kernel can call it.
+    await generate_mcp_sources("mute", DEMO, workdir / "mcptools")
+    ServerRegistry().register(
+        "mute", {"command": sys.executable, "args": ["-c", "import time; time.sleep(3600)"]}
+    )
+    async with CodeExecutor(images_dir=workdir / "images", connect_timeout=CONNECT_TIMEOUT) as ex:
+        yield ex
+
+
+async def until(predicate: object, timeout: float = 30) -> None:
+    """Wait, bounded, until `predicate()` is true."""
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+def descendants(marker: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.Process().children(recursive=True):
+        try:
+            if marker in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+async def test_a_stdio_mcp_server_killed_mid_call_fails_that_call_naming_it_and_the_next_call_restarts_it(
+    executor: CodeExecutor,
+) -> None:
+    before = int(
+        (
+            await executor.execute("from mcptools.demo import pid, slow\nprint(pid.run(pid.Params()).result)")
+        ).text
+        or 0
+    )
+    call = asyncio.create_task(executor.execute("slow.run(slow.Params(seconds=60))"))
+    await until(lambda: psutil.pid_exists(before))
+    await asyncio.sleep(0.5)  # the call is on its way; killing earlier only tests an earlier moment
+    os.kill(before, signal.SIGKILL)
+    with pytest.raises(CodeExecutionError, match="demo") as info:
+        await asyncio.wait_for(call, 30)
+    assert info.value.ename == "ToolRunnerError"
+    after = int((await executor.execute("print(pid.run(pid.Params()).result)")).text or 0)
+    assert after != before
+
+
+async def test_an_http_mcp_server_killed_mid_call_fails_that_call_and_works_again_once_back(
+    executor: CodeExecutor, http_demo: HttpDemo
+) -> None:
+    assert (
+        await executor.execute("from mcptools.web import echo, slow\nprint(echo.run(echo.Params(text='up')))")
+    ).text == "up"
+    call = asyncio.create_task(executor.execute("slow.run(slow.Params(seconds=60))"))
+    await asyncio.sleep(1)
+    http_demo.kill()
+    with pytest.raises(CodeExecutionError, match="web") as info:
+        await asyncio.wait_for(call, 30)
+    assert info.value.ename == "ToolRunnerError"
+    started = time.monotonic()
+    with pytest.raises(CodeExecutionError, match="web"):
+        await asyncio.wait_for(executor.execute("echo.run(echo.Params(text='down'))"), 30)
+    assert (
+        time.monotonic() - started < CONNECT_TIMEOUT * 4
+    )  # bounded, not hung (a wide bound: no timing assert)
+    http_demo.start()
+    assert (await executor.execute("print(echo.run(echo.Params(text='back')))")).text == "back"
+
+
+async def test_an_mcp_server_that_answers_nothing_fails_within_its_connect_timeout(
+    executor: CodeExecutor,
+) -> None:
+    with pytest.raises(CodeExecutionError, match="mute") as info:
+        await asyncio.wait_for(
+            executor.execute("from mcptools.mute import echo\necho.run(echo.Params(text='hello?'))"), 60
+        )
+    assert "did not" in str(info.value) or "timed out" in str(info.value).lower()
+    assert (await executor.execute("print('still here')")).text == "still here"
+
+
+async def test_a_tool_call_that_never_answers_is_bounded_by_the_execution_timeout(
+    executor: CodeExecutor,
+) -> None:
+    with pytest.raises(TimeoutError):
+        await executor.execute(
+            "from mcptools.demo import slow\nslow.run(slow.Params(seconds=3600))", timeout=2
+        )
+    assert (
+        await executor.execute("from mcptools.demo import echo\nprint(echo.run(echo.Params(text='next')))")
+    ).text == "next"
+
+
+async def test_the_approval_side_going_away_mid_call_ends_the_call_and_a_late_decision_runs_nothing(
+    executor: CodeExecutor,
+) -> None:
+    # A server of its own, marked on its command line: whether it ever started is visible.
+    marker = f"witness-{time.monotonic_ns()}"
+    await generate_mcp_sources(
+        "witness", {**DEMO, "args": [*DEMO["args"], "--host", marker]}, Path("mcptools")
+    )
+    stream = executor.stream("from mcptools.witness import echo\necho.run(echo.Params(text='x'))")
+    request = await anext(stream)
+    assert isinstance(request, ApprovalRequest)
+    await asyncio.wait_for(stream.aclose(), 30)  # the application walks away without deciding
+    await request.accept()  # too late: its execution has ended
+    assert (await executor.execute("print('next')")).text == "next"
+    assert not descendants(marker)
+
+
+async def test_a_cell_flooding_100_mb_of_output_ends_and_the_executor_works_on(
+    executor: CodeExecutor,
+) -> None:
+    code = "import sys\nline = 'x' * 1023 + '\\n'\nfor _ in range(100 * 1024):\n    sys.stdout.write(line)"
+    result = await executor.execute(code, timeout=300)
+    assert isinstance(result, CodeExecutionResult) and result.text is not None
+    assert (await executor.execute("print('after the flood')")).text == "after the flood"
+
+
+async def test_a_cell_that_never_ends_times_out_and_keeps_state(executor: CodeExecutor) -> None:
+    await executor.execute("kept = 'yes'")
+    with pytest.raises(TimeoutError):
+        await executor.execute("while True:\n    pass", timeout=1)
+    assert (await executor.execute("print(kept)")).text == "yes"
+
+
+async def test_a_cell_blocked_in_c_code_times_out_into_a_kernel_restart_reported_as_such(
+    executor: CodeExecutor,
+) -> None:
+    await executor.execute("lost = 'yes'")
+    # SIGINT blocked in the kernel's main thread stands for any C code that never checks for
+    # signals (a native library's loop, a wait without timeout): interrupting cannot stop it.
+    blocked = (
+        "import signal, time\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})\ntime.sleep(3600)"
+    )
+    with pytest.raises(TimeoutError, match="restart") as info:
+        await executor.execute(blocked, timeout=2)
+    assert "state" in str(info.value)
+    result = await executor.execute("print(globals().get('lost'))")
+    assert result.text == "None"
+
+
+async def test_the_gateway_killed_mid_cell_is_reported_and_the_executor_recovers(
+    executor: CodeExecutor,
+) -> None:
+    await executor.execute("print('warm')")
+    call = asyncio.create_task(executor.execute("import time\ntime.sleep(60)"))
+    await asyncio.sleep(1)
+    (gateway,) = descendants("ipybox.kernel_mgr._gateway_main")
+    for child in gateway.children(recursive=True):
+        child.kill()
+    gateway.kill()
+    with pytest.raises(CodeExecutionError) as info:
+        await asyncio.wait_for(call, 60)
+    assert "gateway" in str(info.value).lower() or "kernel died" in str(info.value).lower()
+    result = await asyncio.wait_for(executor.execute("print('recovered')"), 120)
+    assert result.text == "recovered"
+
+
+async def test_the_gateway_killed_between_cells_is_reported_on_the_next_cell_and_the_executor_recovers(
+    executor: CodeExecutor,
+) -> None:
+    await executor.execute("print('warm')")
+    (gateway,) = descendants("ipybox.kernel_mgr._gateway_main")
+    for child in gateway.children(recursive=True):
+        child.kill()
+    gateway.kill()
+    gateway.wait(10)
+    with pytest.raises(CodeExecutionError, match=r"gateway|kernel died"):
+        await asyncio.wait_for(executor.execute("print('lost')"), 60)
+    assert (await asyncio.wait_for(executor.execute("print('recovered')"), 120)).text == "recovered"
+
+
+APPROVER = """
+import asyncio, sys
+from ipybox.tool_exec.approval.client import ApprovalClient
+
+async def main():
+    async def never_decide(request):
+        print("ASKED", flush=True)
+    async with ApprovalClient(never_decide, port=int(sys.argv[1])):
+        print("CONNECTED", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_the_approval_process_killed_mid_call_fails_the_pending_call_at_once() -> None:
+    from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
+    from ipybox.tool_exec.server import ToolServer
+
+    async with ToolServer(port=0, approval_required=True, approval_timeout=600) as server:
+        approver = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", APPROVER, str(server.port), stdout=asyncio.subprocess.PIPE
+        )
+        assert approver.stdout is not None
+        try:
+            assert await asyncio.wait_for(approver.stdout.readline(), 60) == b"CONNECTED\n"
+            runner = ToolRunner("demo", DEMO, port=server.port)
+            call = asyncio.create_task(runner.run("echo", {"text": "x"}))
+            assert await asyncio.wait_for(approver.stdout.readline(), 60) == b"ASKED\n"
+            approver.kill()
+            # Far sooner than the 600 s approval timeout: the call fails once the channel drops.
+            with pytest.raises(ToolRunnerError, match="disconnected"):
+                await asyncio.wait_for(call, 30)
+            assert server._sessions == {}  # nothing was started for the undecided call
+        finally:
+            if approver.returncode is None:
+                approver.kill()
+            await approver.wait()
