@@ -82,6 +82,8 @@ class HttpDemo:
         if self.process is not None:
             self.process.kill()
             self.process.wait()
+            if self.process.stdout is not None:
+                self.process.stdout.close()
             self.process = None
 
 
@@ -298,9 +300,11 @@ async def test_the_approval_process_killed_mid_call_fails_the_pending_call_at_on
             sys.executable, "-c", APPROVER, str(server.port), stdout=asyncio.subprocess.PIPE
         )
         assert approver.stdout is not None
+        runners: list[ToolRunner] = []
         try:
             assert await asyncio.wait_for(approver.stdout.readline(), 60) == b"CONNECTED\n"
             runner = ToolRunner("demo", DEMO, port=server.port)
+            runners.append(runner)
             call = asyncio.create_task(runner.run("echo", {"text": "x"}))
             assert await asyncio.wait_for(approver.stdout.readline(), 60) == b"ASKED\n"
             approver.kill()
@@ -312,3 +316,5 @@ async def test_the_approval_process_killed_mid_call_fails_the_pending_call_at_on
             if approver.returncode is None:
                 approver.kill()
             await approver.wait()
+            for runner in runners:
+                await runner.aclose()
