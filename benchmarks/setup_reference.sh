@@ -5,6 +5,7 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+source scripts/_uv.sh
 REF=.bench/ref
 PY="$REF/bin/python"
 WANT=0.7.1

@@ -154,6 +154,23 @@ async def fig_executor_start(args: argparse.Namespace) -> dict[str, Any]:
     return summary(samples)
 
 
+async def fig_executor_stop(args: argparse.Namespace) -> dict[str, Any]:
+    from ipybox import CodeExecutor
+
+    runs = 2 if args.quick else 5
+    samples = []
+    for _ in range(runs):
+        executor = CodeExecutor(images_dir=Path("images"))
+        await maybe_await(executor.start())
+        try:
+            await executor.execute(TRIVIAL)
+        finally:
+            start = time.perf_counter()
+            await maybe_await(executor.stop())
+            samples.append(ms(time.perf_counter() - start))
+    return summary(samples)
+
+
 async def fig_executor_reset(args: argparse.Namespace) -> dict[str, Any]:
     from ipybox import CodeExecutor
 
@@ -303,6 +320,7 @@ FIGURES: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, 
     "reset": fig_reset,
     "executor_start": fig_executor_start,
     "executor_reset": fig_executor_reset,
+    "executor_stop": fig_executor_stop,
     "tool_call": fig_tool_call,
     "approval_call": fig_approval_call,
     "mcp_floor": fig_mcp_floor,

@@ -3,5 +3,7 @@
 # once, then runs every figure (or those given with --only), e.g. `bash scripts/bench.sh --quick`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+source scripts/_uv.sh
 bash benchmarks/setup_reference.sh
 uv run python benchmarks/run.py "$@"

@@ -3,5 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export PATH="$HOME/.local/bin:$PATH"
+source scripts/_uv.sh
 uv run --frozen python examples/quickstart.py "$@"

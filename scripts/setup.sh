@@ -4,10 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v uv >/dev/null 2>&1; then
-    python3 -m pip install --quiet --user uv 2>/dev/null || python3 -m pip install --quiet uv
-    export PATH="$HOME/.local/bin:$PATH"
-fi
+source scripts/_uv.sh
 # Precompiled bytecode: where PYTHONDONTWRITEBYTECODE is set, every process would
 # otherwise compile its imports from source again (about 1 s more per gateway start).
 uv sync --frozen --quiet --compile-bytecode

@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export PATH="$HOME/.local/bin:$PATH"
+source scripts/_uv.sh
 
 uv run --frozen ruff format --check src tests benchmarks examples
 uv run --frozen ruff check src tests benchmarks examples

@@ -10,7 +10,16 @@ from pathlib import Path
 
 import pytest
 
+# The SDK demo MCP server every test folder runs (stdio by default; HTTP below).
 DEMO_SERVER = Path(__file__).parent / "servers" / "demo_server.py"
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own state directory (trusted registry), never the user's real one."""
+    path = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("IPYBOX_STATE_DIR", str(path))
+    return path
 
 
 def _start_http_demo(transport: str) -> Iterator[str]:
@@ -37,6 +46,7 @@ def _start_http_demo(transport: str) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        process.stdout.close()
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -22,11 +22,13 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+from ipybox.errors import KernelConnectionError
+from tests.conftest import DEMO_SERVER
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO = {"command": sys.executable, "args": [str(ROOT / "tests" / "servers" / "demo_server.py")]}
+DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +46,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ.pop("IPYBOX_STATE_DIR", None)
         else:
             os.environ["IPYBOX_STATE_DIR"] = old_state
+
+
+@pytest.fixture(autouse=True)
+def state_dir(workdir: Path) -> Path:
+    """This module's executors share one registry, the module's (see `workdir`)."""
+    return workdir / "state"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -104,6 +112,24 @@ async def test_a_rejected_call_ends_the_code_with_an_error_saying_rejected(execu
     with pytest.raises(CodeExecutionError, match="rejected") as info:
         await collect(executor, code, decide=False)
     assert info.value.ename == "ToolRunnerError"
+
+
+async def test_a_rejected_call_shows_the_agents_line_and_the_error_not_ipyboxs_frames(
+    executor: CodeExecutor,
+) -> None:
+    code = "from mcptools.demo import echo\nx = 1\necho.run(echo.Params(text='no'))"
+    with pytest.raises(CodeExecutionError) as info:
+        await collect(executor, code, decide=False)
+    traceback = info.value.traceback
+    assert "echo.run(echo.Params(text='no'))" in traceback
+    assert "ToolRunnerError: Tool call demo.echo was rejected by the application." in traceback
+    for internal in ("run_tool", "run_sync", "_result", "ipybox/tool_exec", "mcptools/demo/echo.py"):
+        assert internal not in traceback
+    assert len(traceback.splitlines()) <= 12, traceback
+    assert (info.value.ename, info.value.evalue) == (
+        "ToolRunnerError",
+        "Tool call demo.echo was rejected by the application.",
+    )
 
 
 async def test_a_rejected_call_can_be_caught_by_the_code(executor: CodeExecutor) -> None:
@@ -235,7 +261,7 @@ print(post(forged, {{"Authorization": "Bearer " + token}}),
 """
     result = await executor.execute(code)
     statuses = [int(s) for s in (result.text or "").split()]
-    assert statuses[0] in (400, 403)
+    assert statuses[0] == 403
     assert statuses[1] == 404
     assert statuses[2] == 401
     assert not marker.exists()
@@ -249,11 +275,11 @@ async def attempt():
         async with websockets.connect(url, additional_headers={"Authorization": "Bearer " + os.environ["TOOL_SERVER_TOKEN"]}) as ws:
             await ws.recv()
             return "connected"
-    except Exception as e:
-        return "refused"
+    except websockets.InvalidStatus as e:
+        return f"refused {e.response.status_code}"
 print(await attempt())
 """
-    assert (await executor.execute(rogue)).text == "refused"
+    assert (await executor.execute(rogue)).text == "refused 403"
     # The executor's own approval channel still works.
     assert (
         await executor.execute("from mcptools.demo import echo\nprint(echo.run(echo.Params(text='ok')))")
@@ -322,6 +348,16 @@ async def test_executors_are_independent(workdir: Path) -> None:
         assert (await two.execute("print(who)")).text == "two"
 
 
+async def test_eight_executors_started_at_once_each_get_their_own_ports(workdir: Path) -> None:
+    executors = [CodeExecutor() for _ in range(8)]
+    try:
+        await asyncio.gather(*(ex.start() for ex in executors))
+        results = await asyncio.gather(*(ex.execute(f"print({i})") for i, ex in enumerate(executors)))
+        assert [r.text for r in results] == [str(i) for i in range(8)]
+    finally:
+        await asyncio.gather(*(ex.stop() for ex in executors))
+
+
 async def test_code_generated_in_another_process_works_without_configuration(workdir: Path) -> None:
     script = (
         "import asyncio, sys\nfrom pathlib import Path\nfrom ipybox import generate_mcp_sources\n"
@@ -348,6 +384,22 @@ async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
     assert after <= before
     with pytest.raises(RuntimeError, match="not started"):
         await ex.execute("1")
+
+
+async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(executor: CodeExecutor) -> None:
+    def running() -> set[int]:
+        return {
+            p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+        }
+
+    before = running()
+    ex = CodeExecutor()
+    await ex.start()
+    await ex.execute("from mcptools.demo import pid\npid.run(pid.Params())")  # an MCP server runs too
+    await ex.execute("import subprocess\nsleeper = subprocess.Popen(['sleep', '60'])")
+    assert len(running() - before) >= 4  # gateway, kernel, MCP server, sleep
+    await ex.stop()
+    assert running() <= before
 
 
 async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> None:
@@ -377,17 +429,56 @@ async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExec
     assert response.status_code in (401, 403)
 
 
+async def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
+    """Wait on a condition that has no event of its own, under a deadline."""
+    async with asyncio.timeout(timeout):
+        while not predicate():  # noqa: ASYNC110  # polls state owned by another component
+            await asyncio.sleep(0.01)
+
+
 async def test_closing_a_stream_early_rejects_the_call_waiting_for_approval(executor: CodeExecutor) -> None:
-    code = """
-from mcptools.demo import echo
-from ipybox.tool_exec.client import ToolRunnerError
-try:
-    echo.run(echo.Params(text="abandoned"))
-except ToolRunnerError as e:
-    print(e.kind)
-"""
+    assert executor._tool_server is not None
+    channel = executor._tool_server._channel
+    code = "from mcptools.demo import echo\necho.run(echo.Params(text='abandoned'))"
     async with contextlib.aclosing(executor.stream(code)) as items:
         async for item in items:
             assert isinstance(item, ApprovalRequest)
+            request = item
             break  # walk away without deciding
+    await wait_for(lambda: not channel._pending)  # the tool server was told "rejected"
+    await request.accept()  # a decision after the execution ended runs nothing
+    assert not channel._pending
     assert (await executor.execute("print('next')")).text == "next"
+
+
+def gateway_processes() -> list[psutil.Process]:
+    return [
+        p
+        for p in psutil.Process().children(recursive=True)
+        if "ipybox.kernel_mgr._gateway_main" in " ".join(p.cmdline())
+    ]
+
+
+def kill_tree(process: psutil.Process) -> None:
+    for p in [*process.children(recursive=True), process]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+
+
+async def test_a_gateway_that_died_neither_hides_the_callers_error_nor_half_resets(workdir: Path) -> None:
+    before = {p.pid for p in gateway_processes()}
+    async with CodeExecutor() as ex:
+        assert ex._tool_server is not None
+        await ex.execute("from mcptools.demo import pid\npid.run(pid.Params())")
+        assert ex._tool_server._sessions  # a running MCP server, for reset() to stop
+        (gateway,) = [p for p in gateway_processes() if p.pid not in before]
+        with pytest.raises(ValueError, match="the caller's own error"):
+            async with contextlib.aclosing(
+                ex.stream("print('go', flush=True)\nimport time\ntime.sleep(60)", chunks=True)
+            ) as items:
+                async for _ in items:
+                    kill_tree(gateway)
+                    raise ValueError("the caller's own error")
+        with pytest.raises(KernelConnectionError):
+            await ex.reset()
+        assert ex._tool_server._sessions == {}  # the tool server's reset ran to its end

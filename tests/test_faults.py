@@ -27,11 +27,11 @@ from ipybox import (
     generate_mcp_sources,
 )
 from ipybox.tool_exec._registry import ServerRegistry
+from tests.conftest import DEMO_SERVER
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_SERVER = ROOT / "tests" / "servers" / "demo_server.py"
 DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 CONNECT_TIMEOUT = 5
 
@@ -50,6 +50,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ.pop("IPYBOX_STATE_DIR", None)
         else:
             os.environ["IPYBOX_STATE_DIR"] = old_state
+
+
+@pytest.fixture(autouse=True)
+def state_dir(workdir: Path) -> Path:
+    """This module's executors share one registry, the module's (see `workdir`)."""
+    return workdir / "state"
 
 
 class HttpDemo:
@@ -76,6 +82,8 @@ class HttpDemo:
         if self.process is not None:
             self.process.kill()
             self.process.wait()
+            if self.process.stdout is not None:
+                self.process.stdout.close()
             self.process = None
 
 
@@ -188,7 +196,6 @@ async def test_a_tool_call_that_never_answers_is_bounded_by_the_execution_timeou
     ).text == "next"
 
 
-@pytest.mark.xfail(reason="a late accept still starts the server: the hardening issue (11) fixes it")
 async def test_the_approval_side_going_away_mid_call_ends_the_call_and_a_late_decision_runs_nothing(
     executor: CodeExecutor,
 ) -> None:
@@ -293,9 +300,11 @@ async def test_the_approval_process_killed_mid_call_fails_the_pending_call_at_on
             sys.executable, "-c", APPROVER, str(server.port), stdout=asyncio.subprocess.PIPE
         )
         assert approver.stdout is not None
+        runners: list[ToolRunner] = []
         try:
             assert await asyncio.wait_for(approver.stdout.readline(), 60) == b"CONNECTED\n"
             runner = ToolRunner("demo", DEMO, port=server.port)
+            runners.append(runner)
             call = asyncio.create_task(runner.run("echo", {"text": "x"}))
             assert await asyncio.wait_for(approver.stdout.readline(), 60) == b"ASKED\n"
             approver.kill()
@@ -307,3 +316,5 @@ async def test_the_approval_process_killed_mid_call_fails_the_pending_call_at_on
             if approver.returncode is None:
                 approver.kill()
             await approver.wait()
+            for runner in runners:
+                await runner.aclose()

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, generate_mcp_sources
+from tests.conftest import DEMO_SERVER
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-DEMO_SERVER = Path(__file__).resolve().parent / "servers" / "demo_server.py"
 DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 EXECUTORS = 8
 CELLS = 500  # per executor, each with one tool call
@@ -37,6 +37,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ.pop("IPYBOX_STATE_DIR", None)
         else:
             os.environ["IPYBOX_STATE_DIR"] = old_state
+
+
+@pytest.fixture(autouse=True)
+def state_dir(workdir: Path) -> Path:
+    """This module's executors share one registry, the module's (see `workdir`)."""
+    return workdir / "state"
 
 
 async def _agent(number: int, workdir: Path) -> int:

@@ -11,8 +11,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ipybox._errors import CodeExecutionError
     from ipybox.code_exec import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+    from ipybox.errors import CodeExecutionError
     from ipybox.mcp_apigen import generate_mcp_sources
     from ipybox.tool_exec.approval.client import ApprovalRequest
 
@@ -28,7 +28,7 @@ __all__ = [
 _EXPORTS = {
     "ApprovalRequest": "ipybox.tool_exec.approval.client",
     "CodeExecutionChunk": "ipybox.code_exec",
-    "CodeExecutionError": "ipybox._errors",
+    "CodeExecutionError": "ipybox.errors",
     "CodeExecutionResult": "ipybox.code_exec",
     "CodeExecutor": "ipybox.code_exec",
     "generate_mcp_sources": "ipybox.mcp_apigen",

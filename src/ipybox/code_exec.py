@@ -14,7 +14,13 @@ from typing import Self
 
 import httpx
 
-from ipybox._errors import CodeExecutionError, ExecutionError, KernelConnectionError, KernelDiedError
+from ipybox.errors import (
+    ApprovalConnectionError,
+    CodeExecutionError,
+    ExecutionError,
+    KernelConnectionError,
+    KernelDiedError,
+)
 from ipybox.kernel_mgr.client import ExecutionResult, KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from ipybox.tool_exec._registry import ServerRegistry
@@ -49,6 +55,9 @@ class CodeExecutionChunk:
 
 
 _Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
+# Seconds the gateway and kernels get to exit after SIGTERM when the executor stops; they
+# hold no state worth a longer wait, and then they are killed.
+_STOP_GRACE = 0.05
 
 
 class CodeExecutor:
@@ -135,7 +144,7 @@ class CodeExecutor:
         self.approve_shell_cmds = approve_shell_cmds
         self.require_shell_escape = require_shell_escape
         self.working_dir = Path(working_dir).resolve() if working_dir is not None else None
-        self._stack: AsyncExitStack | None = None
+        self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
         self._gateway: KernelGateway | None = None
@@ -163,9 +172,9 @@ class CodeExecutor:
             KernelConnectionError: If no kernel could be created.
             ApprovalConnectionError: If the approval connection to the tool server failed.
         """
-        if self._stack is not None:
+        if self._parts is not None:
             raise RuntimeError("The code executor is already started; call stop() first.")
-        # .env of the working directory is read when an MCP server starts (tool_exec._mcp),
+        # .env of the working directory is read when an MCP server starts (tool_exec._params),
         # not copied into this process's environment.
         token = secrets.token_urlsafe(32)
         gateway_token = secrets.token_urlsafe(32)
@@ -216,17 +225,32 @@ class CodeExecutor:
             )
             await stack.enter_async_context(approval)
             self._tool_server, self._kernel, self._gateway = tool_server, kernel, gateway
-            self._stack = stack.pop_all()
+            self._parts = (approval, kernel, gateway, tool_server)
+            # From here on stop() takes everything down; the stack only served a failed start.
+            stack.pop_all()
 
     async def stop(self) -> None:
         """Stop the kernel, the kernel gateway and the tool server with its MCP servers.
 
         Stopping a stopped executor does nothing.
         """
-        stack, self._stack = self._stack, None
+        parts, self._parts = self._parts, None
         self._tool_server = self._kernel = self._gateway = None
-        if stack is not None:
-            await stack.aclose()
+        if parts is None:
+            return
+        approval, kernel, gateway, tool_server = parts
+        try:
+            await approval.disconnect()
+            # The gateway takes its kernels down with it: no shutdown request per kernel.
+            await kernel.disconnect(shutdown_kernels=False)
+        finally:
+            # Both run to their end even if one fails; the first failure is raised.
+            outcomes = await asyncio.gather(
+                gateway.stop(timeout=_STOP_GRACE), tool_server.stop(), return_exceptions=True
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     async def reset(self) -> None:
         """Give the executor a fresh kernel and stop all MCP servers.
@@ -240,7 +264,11 @@ class CodeExecutor:
         """
         kernel, tool_server = self._require_started()
         async with self._lock:
-            await asyncio.gather(kernel.reset(), tool_server.reset())
+            # Both resets run to their end even when one fails; the first failure is raised.
+            outcomes = await asyncio.gather(kernel.reset(), tool_server.reset(), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
 
     async def cancel(self) -> None:
         """Interrupt the running execution, if any, from another task.
@@ -311,23 +339,28 @@ class CodeExecutor:
             runner = asyncio.create_task(
                 self._run(kernel.stream(code, timeout=timeout), kernel, chunks, items)
             )
+            handed: list[ApprovalRequest] = []
             try:
                 while (item := await items.get()) is not None:
+                    if isinstance(item, ApprovalRequest):
+                        handed.append(item)
                     yield item
                 await runner
             finally:
                 self._requests = None
+                # Nobody is left to decide on calls still waiting, whether handed out or not:
+                # refuse them now, so that a decision arriving later runs nothing.
+                while not items.empty():
+                    if isinstance(pending := items.get_nowait(), ApprovalRequest):
+                        handed.append(pending)
+                for request in handed:
+                    with contextlib.suppress(ApprovalConnectionError):
+                        await request.reject()
                 if not runner.done():
                     runner.cancel()
                     await asyncio.wait({runner})
                     with contextlib.suppress(KernelConnectionError):
                         await kernel.interrupt()
-                # Nobody is left to decide on calls still waiting: refuse them now rather
-                # than let them wait for the approval timeout.
-                while not items.empty():
-                    if isinstance(pending := items.get_nowait(), ApprovalRequest):
-                        with contextlib.suppress(Exception):
-                            await pending.reject()
 
     async def _run(
         self,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from ipybox import _codegen
-from ipybox._errors import ApiGenerationError, ServerParamsError
+from ipybox.errors import ApiGenerationError, ServerParamsError
 
 if TYPE_CHECKING:
     from mcp.types import Tool
@@ -55,8 +55,10 @@ async def generate_mcp_sources(
     unresolved); the generated files hold neither the parameters nor any secret.
 
     A tool whose schema cannot be compiled is left out and named in a warning logged on
-    ``ipybox.mcp_apigen``; the other tools are generated. Module names follow the tool
-    names (see ``ARCHITECTURE.md``); names that collide get a suffix ``_2``, ``_3``, ...
+    ``ipybox.mcp_apigen``; the other tools are generated. A module is named after its
+    tool: characters outside ``[a-zA-Z0-9_]`` become ``_``, the name is lower-cased, a keyword
+    gets a trailing ``_`` and a leading digit a leading ``_``; names that collide get a suffix
+    ``_2``, ``_3``, ...
 
     Args:
         server_name: Name of the generated package and of the server for the tool server;

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox._errors import KernelConnectionError, KernelDiedError
+from ipybox.errors import KernelConnectionError, KernelDiedError
 from ipybox.kernel_mgr.client import ExecutionError, ExecutionResult, KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 
@@ -150,3 +150,25 @@ async def test_connecting_to_a_missing_gateway_fails_clearly() -> None:
         await client.connect(retries=2, retry_interval=0.01)
     with pytest.raises(KernelConnectionError, match="connect"):
         _ = client.kernel_id
+
+
+async def test_an_abandoned_stream_does_not_hold_up_the_next_execution(client: KernelClient) -> None:
+    abandoned = client.stream("print('started', flush=True)\nimport time\ntime.sleep(0.5)")
+    assert await anext(abandoned) == "started\n"
+    # The caller stops reading but keeps the generator alive; the next execution still runs.
+    result = await asyncio.wait_for(client.execute("print('next')"), timeout=60)
+    assert result.text == "next"
+    await abandoned.aclose()
+
+
+async def test_a_gateway_that_is_gone_is_a_kernel_connection_error_not_an_http_error() -> None:
+    async with KernelGateway(port=None) as gateway:
+        kernel = KernelClient(port=gateway.port)
+        await kernel.connect()
+    try:
+        with pytest.raises(KernelConnectionError, match="did not answer"):
+            await kernel.interrupt()
+        with pytest.raises(KernelConnectionError):
+            await kernel.reset()
+    finally:
+        await kernel.disconnect()

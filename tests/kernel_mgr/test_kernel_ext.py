@@ -22,11 +22,11 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+from tests.conftest import DEMO_SERVER
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-ROOT = Path(__file__).resolve().parents[2]
-DEMO = {"command": sys.executable, "args": [str(ROOT / "tests" / "servers" / "demo_server.py")]}
+DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 APPROVAL_TIMEOUT = 2
 
 
@@ -45,6 +45,12 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             os.environ.pop("IPYBOX_STATE_DIR", None)
         else:
             os.environ["IPYBOX_STATE_DIR"] = old_state
+
+
+@pytest.fixture(autouse=True)
+def state_dir(workdir: Path) -> Path:
+    """This module's executors share one registry, the module's (see `workdir`)."""
+    return workdir / "state"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -1,10 +1,11 @@
 import socket
+from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-from ipybox._errors import GatewayError, SandboxUnavailableError
+from ipybox.errors import GatewayError, SandboxUnavailableError
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 
@@ -65,3 +66,50 @@ async def test_sandbox_is_reported_as_not_available_yet() -> None:
     with pytest.raises(SandboxUnavailableError, match="not available yet"):
         await gateway.start()
     assert not gateway.running
+
+
+async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import ipybox.kernel_mgr.server as server
+
+    with socket.socket() as squatter:  # another process wins the race for the picked port
+        squatter.bind(("localhost", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        picks = iter([taken])
+        real_free_port = server.free_port
+        monkeypatch.setattr(server, "free_port", lambda host: next(picks, None) or real_free_port(host))
+        async with KernelGateway(port=None) as gateway:
+            assert gateway.port not in (0, taken)
+            async with httpx.AsyncClient() as http:
+                assert (await http.get(f"{gateway.url}/api")).status_code == 200
+
+
+def test_the_gateway_process_gets_only_allow_listed_variables(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("IPYBOX_T_APP_SECRET", "never-in-the-gateway")
+    monkeypatch.setenv("HOME", "/home/someone")
+    gateway = KernelGateway(port=None, env={"FOR_KERNELS": "yes"}, auth_token="gateway-token")
+    gateway._jupyter_dir = tmp_path
+    env = gateway._gateway_env()
+    assert "IPYBOX_T_APP_SECRET" not in env
+    assert "never-in-the-gateway" not in env.values()
+    assert env["HOME"] == "/home/someone"
+    assert env["FOR_KERNELS"] == "yes"
+    assert env["KG_ENV_PROCESS_WHITELIST"] == "FOR_KERNELS"
+    assert env["KG_AUTH_TOKEN"] == "gateway-token"
+    internal = {"FOR_KERNELS", "KG_ENV_PROCESS_WHITELIST", "KG_AUTH_TOKEN", "PYTHONUNBUFFERED"}
+    internal |= {"JUPYTER_PATH", "JUPYTER_RUNTIME_DIR"}
+    assert set(env) - internal <= {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "LANG",
+        "LC_ALL",
+        "LC_CTYPE",
+        "TMPDIR",
+        "TZ",
+    }

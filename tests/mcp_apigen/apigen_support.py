@@ -15,7 +15,6 @@ from typing import Any
 from mcp.types import Tool
 
 TOOLS_SERVER = Path(__file__).with_name("tools_server.py")
-DEMO_SERVER = Path(__file__).parents[1] / "servers" / "demo_server.py"
 
 # What a generated module may import: json, Pydantic, typing and the kernel-side client, nothing else.
 ALLOWED_IMPORTS = {"__future__", "typing", "pydantic", "ipybox.tool_exec.client"}
@@ -27,7 +26,12 @@ def tool(
     name: str, input_schema: Mapping[str, Any], output_schema: Mapping[str, Any] | None = None, **extra: Any
 ) -> Tool:
     """An MCP SDK ``Tool`` as a server would list it."""
-    return Tool(name=name, input_schema=dict(input_schema), output_schema=output_schema, **extra)
+    return Tool(
+        name=name,
+        input_schema=dict(input_schema),
+        output_schema=dict(output_schema) if output_schema is not None else None,
+        **extra,
+    )
 
 
 def unique_package(prefix: str = "gen") -> str:

@@ -12,14 +12,6 @@ from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.server import ToolServer
 
 
-@pytest.fixture(autouse=True)
-def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own trusted registry, never the user's real one."""
-    path = tmp_path_factory.mktemp("state")
-    monkeypatch.setenv("IPYBOX_STATE_DIR", str(path))
-    return path
-
-
 @pytest.fixture
 async def tool_server(state_dir: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ToolServer]:
     """A secured tool server (registry + token), found by generated code through the environment.

@@ -19,12 +19,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from apigen_support import check_source, import_module, importable, write_sources
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.types import Tool
 
+from ipybox._codegen import docstring
 from ipybox.mcp_apigen import render_sources
+from tests.mcp_apigen.apigen_support import check_source, import_module, importable, write_sources
 
 CANARY = Path(tempfile.mkdtemp(prefix="ipybox-canary-")) / "CANARY"
 PAYLOAD = f"__import__('pathlib').Path({str(CANARY)!r}).touch()"
@@ -303,3 +305,20 @@ def _check_module(module: Any, code: str, package: str, tool: Tool) -> None:
     )
     assert ast.literal_eval(call.args[0]) == package
     assert ast.literal_eval(call.args[1]) == tool.name
+
+
+@pytest.mark.parametrize(
+    "text", ['"""', 'ends with a quote"', "a\\b", 'x""""y', "nul\x00and\x1bescape", "tab\there"]
+)
+def test_the_docstring_escaper_itself_gives_a_triple_quoted_literal_that_reads_back(text: str) -> None:
+    literal = docstring(text)
+    assert literal.startswith('"""') and literal.endswith('"""'), literal  # not the repr fallback
+    assert ast.literal_eval(literal) == text.strip()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=80))
+def test_the_docstring_escaper_reads_back_any_single_line(text: str) -> None:
+    literal = docstring(text)
+    assert literal.startswith('"""'), literal
+    assert ast.literal_eval(literal) == text.strip()

@@ -16,11 +16,12 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
-from apigen_support import DEMO_SERVER, check_source, importable, unique_package
 
-from ipybox._errors import ToolRunnerError
+from ipybox.errors import ToolRunnerError
 from ipybox.mcp_apigen import generate_mcp_sources
 from ipybox.tool_exec.server import ToolServer
+from tests.conftest import DEMO_SERVER
+from tests.mcp_apigen.apigen_support import check_source, importable, unique_package
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def value(result: Any) -> Any:
     return result.result if hasattr(result, "result") and type(result).__name__ == "Result" else result
 
 
-DemoCheck = Callable[[Any], None]
+DemoCheck = Callable[[Any], object]
 
 
 def _check_directory(result: Any) -> None:

@@ -9,17 +9,26 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tool_exec_support import DEMO_SERVER
 
+from ipybox.tool_exec.client import ToolRunner
 from ipybox.tool_exec.server import ToolServer
+from tests.conftest import DEMO_SERVER
 
 
 @pytest.fixture(autouse=True)
-def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Every test gets its own registry directory, never the user's real one."""
-    path = tmp_path_factory.mktemp("state")
-    monkeypatch.setenv("IPYBOX_STATE_DIR", str(path))
-    return path
+async def close_runners(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[None]:
+    """Close every ToolRunner a test made, as an application closes its clients."""
+    made: list[ToolRunner] = []
+    init = ToolRunner.__init__
+
+    def recording_init(self: ToolRunner, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(ToolRunner, "__init__", recording_init)
+    yield
+    for runner in made:
+        await runner.aclose()
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import socket
 import sys
 import time
@@ -10,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tool_exec_support import descendants, pid_alive, wait_until
 
-from ipybox._errors import MCPServerError, ServerParamsError
-from ipybox.tool_exec._mcp import HttpParams, MCPSession, StdioParams, list_tools, resolve_params
+from ipybox.errors import MCPServerError, ServerParamsError
+from ipybox.tool_exec._mcp import MCPSession, list_tools
+from ipybox.tool_exec._params import HttpParams, StdioParams, resolve_params
+from tests.conftest import DEMO_SERVER
+from tests.tool_exec.tool_exec_support import descendants, pid_alive, wait_until
 
 # --- server parameters -------------------------------------------------------------------
 
@@ -157,10 +160,11 @@ async def test_several_calls_to_one_server_are_in_flight_at_once(demo_params: di
     session = MCPSession("demo", resolve_params(demo_params))
     await session.start()
     try:
-        start = time.monotonic()
-        results = await asyncio.gather(*(session.call_tool("slow", {"seconds": 0.5}) for _ in range(4)))
-        assert results == ["slept 0.5"] * 4
-        assert time.monotonic() - start < 1.5
+        # One after the other, four 2 s calls need 8 s; in flight together, 2 s. The deadline sits
+        # far from both, so a loaded machine does not decide the outcome.
+        async with asyncio.timeout(6):
+            results = await asyncio.gather(*(session.call_tool("slow", {"seconds": 2}) for _ in range(4)))
+        assert results == ["slept 2.0"] * 4
     finally:
         await session.close()
 
@@ -188,7 +192,7 @@ async def test_a_crash_fails_the_call_in_flight_clearly_and_ends_the_session(
 async def test_close_stops_the_server_with_its_whole_process_tree(tmp_path: Path) -> None:
     # The server leaves a background child behind in its process group, as wrappers often do.
     script = tmp_path / "wrapper.sh"
-    demo = Path(__file__).parents[1] / "servers" / "demo_server.py"
+    demo = DEMO_SERVER
     script.write_text(
         f"#!/bin/sh\nsleep 300 &\necho $! > {tmp_path / 'child.pid'}\nexec {sys.executable} {demo}\n"
     )
@@ -203,7 +207,7 @@ async def test_close_stops_the_server_with_its_whole_process_tree(tmp_path: Path
     await session.close()
     await session.close()  # idempotent
     assert not pid_alive(server_pid["result"])
-    assert wait_until(lambda: not pid_alive(child_pid), timeout=5)
+    assert await wait_until(lambda: not pid_alive(child_pid), timeout=5)
     assert descendants() <= before
 
 
@@ -216,7 +220,7 @@ async def test_connect_timeout_is_honoured_for_a_server_that_never_answers() -> 
         await session.start()
     assert time.monotonic() - start < 5
     assert "'silent' did not answer within 0.5 s" in str(info.value)
-    assert wait_until(lambda: descendants() <= before, timeout=5)
+    assert await wait_until(lambda: descendants() <= before, timeout=5)
 
 
 async def test_connect_timeout_is_honoured_for_an_http_server_that_never_answers() -> None:
@@ -295,3 +299,18 @@ async def test_the_published_filesystem_server_runs_over_stdio(
         assert "hello from a file" in text
     finally:
         await session.close()
+
+
+def test_resolving_placeholders_leaves_the_applications_parameters_untouched(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("IPYBOX_T_TOKEN", "resolved-secret")
+    params = {
+        "url": "http://localhost:1/mcp",
+        "headers": {"Authorization": "Bearer ${IPYBOX_T_TOKEN}"},
+    }
+    original = copy.deepcopy(params)
+    resolved = resolve_params(params)
+    assert isinstance(resolved, HttpParams)
+    assert resolved.headers == {"Authorization": "Bearer resolved-secret"}
+    assert params == original  # what the registry stores keeps its placeholder

@@ -1,4 +1,8 @@
-"""The secured mode (ARCHITECTURE S1-S4), attacked the way hostile code in a kernel would.
+"""The secured mode, attacked the way hostile code in a kernel would (README, "How it fits together").
+
+S1: kernel code cannot make the tool server start a process or reach a URL it chose (only
+registered servers run); S2: kernel code cannot approve, hijack or replay approval; S3:
+secrets named as ``${VAR}`` never reach the kernel; S4: calls need the executor's token.
 
 The attacker knows what the kernel knows: the tool server's address and its token (both are
 in the kernel's environment), but not the approval secret. It uses plain HTTP and WebSocket
@@ -18,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-from tool_exec_support import descendants
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
@@ -27,6 +30,8 @@ from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError, run_tool
 from ipybox.tool_exec.server import ToolServer
+from tests.conftest import DEMO_SERVER
+from tests.tool_exec.tool_exec_support import descendants
 
 TOKEN = "kernel-token-0123456789"
 SECRET = "approval-secret-9876543210"
@@ -138,7 +143,7 @@ async def test_s1_a_server_registered_by_another_process_is_found(
         "from ipybox.tool_exec._registry import ServerRegistry\n"
         "ServerRegistry().register('late', {'command': sys.executable, 'args': [sys.argv[1]]})\n"
     )
-    demo = Path(__file__).parents[1] / "servers" / "demo_server.py"
+    demo = DEMO_SERVER
     process = await asyncio.create_subprocess_exec(sys.executable, "-c", code, str(demo))
     assert await process.wait() == 0
     async with ApprovalClient(accept_all, port=secured.port, secret=SECRET):

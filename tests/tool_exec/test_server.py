@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import decimal
+import logging
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -13,10 +16,11 @@ from typing import Any
 import httpx
 import pytest
 from pydantic import BaseModel
-from tool_exec_support import descendants, pid_alive, wait_until
 
+from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer
+from tests.tool_exec.tool_exec_support import descendants, pid_alive, wait_until
 
 
 async def test_status_answers_ok_on_the_bound_port(tool_server: ToolServer) -> None:
@@ -117,12 +121,12 @@ async def test_reset_closes_sessions_and_they_restart_lazily(
     first = await runner.run("pid", {})
     assert isinstance(first, dict)
     await runner.reset()
-    assert wait_until(lambda: not pid_alive(first["result"]), timeout=5)
+    assert await wait_until(lambda: not pid_alive(first["result"]), timeout=5)
     second = await asyncio.to_thread(runner.run_sync, "pid", {})
     assert isinstance(second, dict)
     assert second["result"] != first["result"]
     await asyncio.to_thread(runner.reset_sync)
-    assert wait_until(lambda: not pid_alive(second["result"]), timeout=5)
+    assert await wait_until(lambda: not pid_alive(second["result"]), timeout=5)
 
 
 async def test_calls_to_different_servers_run_concurrently(
@@ -260,3 +264,45 @@ async def test_run_sync_reads_chunked_answers_and_can_go_through_a_proxy() -> No
     ]
     with pytest.raises(ValueError, match="http:// proxies"):
         ToolRunner("x", {}, proxy="socks5://127.0.0.1:1080")
+
+
+async def test_a_plain_tool_server_runs_generated_code_from_the_default_registry(
+    tool_server: ToolServer, demo_params: dict[str, Any]
+) -> None:
+    ServerRegistry().register("demo", demo_params)  # what generate_mcp_sources records
+    generated_call = ToolRunner("demo", {}, port=tool_server.port)  # generated code sends no server_params
+    assert await generated_call.run("echo", {"text": "from the registry"}) == "from the registry"
+
+
+async def test_a_plain_tool_server_names_the_registry_for_an_unknown_server(tool_server: ToolServer) -> None:
+    with pytest.raises(ToolRunnerError, match="neither running nor registered") as info:
+        await ToolRunner("nowhere", {}, port=tool_server.port).run("echo", {"text": "x"})
+    assert "generate_mcp_sources" in str(info.value)
+
+
+async def test_tool_servers_log_through_the_applications_handlers_and_configure_nothing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO)
+    watched = [logging.getLogger(name) for name in ("ipybox", "ipybox.tool_exec", "uvicorn.error")]
+    before = [(log.handlers[:], log.propagate, log.level) for log in watched]
+    async with ToolServer(port=0, log_to_stderr=True) as one, ToolServer(port=0, log_to_stderr=False) as two:
+        pass
+    listening = [r.getMessage() for r in caplog.records if r.name == "ipybox.tool_exec.server"]
+    assert f"Tool server listening on localhost:{one.port}" in listening
+    assert f"Tool server listening on localhost:{two.port}" in listening
+    assert [(log.handlers[:], log.propagate, log.level) for log in watched] == before
+
+
+def test_log_to_stderr_shows_records_where_the_application_configured_no_logging() -> None:
+    code = (
+        "import asyncio\nfrom ipybox.tool_exec.server import ToolServer\n"
+        "async def main():\n"
+        "    async with ToolServer(port=0, log_to_stderr=True):\n"
+        "        pass\n"
+        "asyncio.run(main())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert "Tool server listening on" in result.stderr

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
 import psutil
-
-DEMO_SERVER = Path(__file__).parents[1] / "servers" / "demo_server.py"
 
 
 def descendants() -> set[int]:
@@ -24,19 +22,19 @@ def descendants() -> set[int]:
     return pids
 
 
-def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
+async def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
     """Poll a cheap condition under a deadline (for process-table checks, which have no event)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return True
-        time.sleep(interval)
+        await asyncio.sleep(interval)
     return bool(predicate())
 
 
 def pid_alive(pid: int) -> bool:
     try:
         process = psutil.Process(pid)
-        return process.status() != psutil.STATUS_ZOMBIE
+        return bool(process.status() != psutil.STATUS_ZOMBIE)
     except psutil.NoSuchProcess:
         return False

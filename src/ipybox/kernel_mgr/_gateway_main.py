@@ -16,11 +16,11 @@ It runs the stock Jupyter Kernel Gateway application with two changes, both for 
 """
 
 import sys
+from datetime import UTC, datetime
 from typing import Any
 
 sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None blocks the import
 
-from jupyter_server._tz import utcnow  # noqa: E402
 from jupyter_server.services.kernels.kernelmanager import MappingKernelManager  # noqa: E402
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler  # noqa: E402
 from kernel_gateway.gatewayapp import launch_instance  # noqa: E402
@@ -40,7 +40,7 @@ def _watch_activity_lightly(self: MappingKernelManager, kernel_id: str) -> None:
     """Set what the kernels listing reports, without subscribing to the kernel's output."""
     kernel = self._kernels[kernel_id]
     kernel.reason = ""
-    kernel.last_activity = utcnow()
+    kernel.last_activity = datetime.now(UTC)
     kernel.execution_state = "idle"
 
 

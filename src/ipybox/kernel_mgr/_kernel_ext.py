@@ -28,7 +28,7 @@ import functools
 import os
 import sys
 from collections.abc import Callable
-from types import FrameType
+from types import FrameType, TracebackType
 from typing import Any
 
 
@@ -38,6 +38,7 @@ def load_ipython_extension(ip: Any) -> None:
     for name in _COLOUR_FORCING:
         environ.pop(name, None)
     environ.update(NO_COLOR="1", CLICOLOR="0", TERM="dumb")
+    _hide_ipybox_frames(ip)
     working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
     approve_shell = environ.pop("IPYBOX_APPROVE_SHELL", "") == "1"
     require_escape = environ.pop("IPYBOX_REQUIRE_SHELL_ESCAPE", "") == "1"
@@ -50,6 +51,32 @@ def load_ipython_extension(ip: Any) -> None:
 
 
 _COLOUR_FORCING = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "TTY_COMPATIBLE")
+
+
+def _hide_ipybox_frames(ip: Any) -> None:
+    """Show an ipybox error (a rejected tool call, say) as the cell's line and the error.
+
+    IPython leaves out frames marked ``__tracebackhide__`` but always shows the innermost
+    one; for errors ipybox raises on purpose its own frames, innermost included, are only
+    tokens an agent pays for. The exception object itself (its type, message and fields) is
+    left as it is.
+    """
+    from ipybox.errors import IpyboxError
+
+    def render(error: BaseException) -> Any:
+        kept = []
+        tb = error.__traceback__
+        while tb is not None:
+            if not tb.tb_frame.f_locals.get("__tracebackhide__"):
+                kept.append(tb)
+            tb = tb.tb_next
+        trimmed = None
+        for entry in reversed(kept):
+            trimmed = TracebackType(trimmed, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+        return ip.InteractiveTB.structured_traceback(type(error), error, trimmed)
+
+    # IPython's hook for exceptions that format their own traceback.
+    IpyboxError._render_traceback_ = render  # type: ignore[attr-defined]
 
 
 def _keep_working_dir(ip: Any, working_dir: str) -> None:
@@ -78,7 +105,7 @@ def _escape(text: str) -> str:
 
 def _ask(tool_name: str, tool_args: dict[str, str]) -> None:
     __tracebackhide__ = True
-    from ipybox._errors import ToolRunnerError
+    from ipybox.errors import ToolRunnerError
     from ipybox.tool_exec.client import request_approval
 
     what = "shell command" if tool_name == "shell" else f"%%{tool_args.get('magic', 'script')} cell"
@@ -187,7 +214,7 @@ class _CellFiles:
 
 
 def _escape_error(what: str) -> Exception:
-    from ipybox._errors import ShellEscapeRequiredError
+    from ipybox.errors import ShellEscapeRequiredError
 
     return ShellEscapeRequiredError(
         f"{what} is turned off in this kernel: run shell commands with IPython's shell escape "

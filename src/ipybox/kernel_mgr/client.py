@@ -20,7 +20,7 @@ import httpx
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from ipybox._errors import ExecutionError, KernelConnectionError, KernelDiedError
+from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
 
 __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 
@@ -171,8 +171,13 @@ class KernelClient:
             # A spare that fails is replaced on reset(); its error must not go unretrieved.
             self._spare.add_done_callback(lambda task: task.cancelled() or task.exception())
 
-    async def disconnect(self) -> None:
-        """Shut down the kernel (and the spare) and close the connection."""
+    async def disconnect(self, *, shutdown_kernels: bool = True) -> None:
+        """Shut down the kernel (and the spare) and close the connection.
+
+        Args:
+            shutdown_kernels: Ask the gateway to shut the kernels down. ``False`` only closes
+                the connections, for a caller that stops the gateway with its kernels next.
+        """
         kernel, self._kernel = self._kernel, None
         spare, self._spare = self._spare, None
         to_close: list[_Kernel] = [kernel] if kernel else []
@@ -181,8 +186,14 @@ class KernelClient:
             await asyncio.wait({spare})
             if not spare.cancelled() and spare.exception() is None:
                 to_close.append(spare.result())
+        closing = list(self._closing)
+        if not shutdown_kernels:
+            for task in closing:
+                task.cancel()
         await asyncio.gather(
-            *(self._close_kernel(k) for k in to_close), *self._closing, return_exceptions=True
+            *(self._close_kernel(k, shutdown=shutdown_kernels) for k in to_close),
+            *closing,
+            return_exceptions=True,
         )
         if self._http is not None:
             await self._http.aclose()
@@ -236,14 +247,19 @@ class KernelClient:
                 kernel ignores interrupts between executions.
 
         Raises:
-            KernelConnectionError: If not connected to a kernel.
+            KernelConnectionError: If not connected to a kernel, or the gateway cannot be reached.
         """
         kernel_id = self.kernel_id
         assert self._http is not None and self._kernel is not None
         if wait_until_started:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kernel.busy.wait(), _INTERRUPT_GRACE)
-        await self._http.post(f"/api/kernels/{kernel_id}/interrupt")
+        try:
+            await self._http.post(f"/api/kernels/{kernel_id}/interrupt")
+        except httpx.HTTPError as exc:
+            raise KernelConnectionError(
+                f"The kernel could not be interrupted: the gateway at {self._base_url} did not answer ({exc!r})."
+            ) from exc
 
     async def execute(self, code: str, timeout: float = 120) -> ExecutionResult:
         """Run code and return its complete result.
@@ -284,6 +300,11 @@ class KernelClient:
                 interrupted, keeps its state and stays usable. Code that does not stop when
                 interrupted (blocked in C) gets a fresh kernel instead, and the message says so.
         """
+        # The lock covers only submitting the request, never a ``yield``: a stream its caller
+        # abandons holds nothing, and the kernel itself runs submitted requests one at a time.
+        deadline = time.monotonic() + timeout
+        msg_id = uuid.uuid4().hex
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         async with self._lock:
             kernel = self._kernel
             if kernel is None:
@@ -293,28 +314,27 @@ class KernelClient:
                     "The kernel has died and lost its state; call reset() to start a fresh one.",
                     ename="KernelDied",
                 )
-            msg_id = uuid.uuid4().hex
-            queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
             kernel.queues[msg_id] = queue
             try:
-                try:
-                    await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
-                except websockets.ConnectionClosed:
-                    # Gone before the receiver noticed (the gateway died between executions).
-                    self._kernel_died(kernel)
-                    raise KernelDiedError(
-                        "The connection to the kernel closed before the code could be sent; its "
-                        "state is lost. Call reset() to start a fresh kernel.",
-                        ename="KernelDied",
-                    ) from None
-                async for item in self._collect(kernel, queue, time.monotonic() + timeout, timeout):
-                    yield item
-            finally:
+                await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
+            except websockets.ConnectionClosed:
+                # Gone before the receiver noticed (the gateway died between executions).
                 kernel.queues.pop(msg_id, None)
-                kernel.busy.clear()
-                # Booting the spare only after the first execution keeps it from competing
-                # with the kernel that is starting up.
-                self._start_spare()
+                self._kernel_died(kernel)
+                raise KernelDiedError(
+                    "The connection to the kernel closed before the code could be sent; its "
+                    "state is lost. Call reset() to start a fresh kernel.",
+                    ename="KernelDied",
+                ) from None
+        try:
+            async for item in self._collect(kernel, queue, deadline, timeout):
+                yield item
+        finally:
+            kernel.queues.pop(msg_id, None)
+            kernel.busy.clear()
+            # Booting the spare only after the first execution keeps it from competing
+            # with the kernel that is starting up.
+            self._start_spare()
 
     async def _collect(
         self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
@@ -335,7 +355,8 @@ class KernelClient:
                         "the kernel kept its state."
                     ) from None
                 # Code blocked in C (a regex, a lock, a native library) never sees SIGINT.
-                await self._replace_kernel()
+                async with self._lock:
+                    await self._replace_kernel()
                 raise TimeoutError(
                     f"The execution did not finish within {timeout:g} s and did not stop when interrupted "
                     "(it was blocked in code that ignores interrupts), so the kernel was restarted: "
@@ -416,7 +437,12 @@ class KernelClient:
         assert self._http is not None
         # Sending "env" makes the gateway give the kernel only PATH plus the variables
         # the KernelGateway whitelisted, never the gateway's whole environment.
-        response = await self._http.post("/api/kernels", json={"env": {}})
+        try:
+            response = await self._http.post("/api/kernels", json={"env": {}})
+        except httpx.HTTPError as exc:
+            raise KernelConnectionError(
+                f"No kernel could be created: the gateway at {self._base_url} did not answer ({exc!r})."
+            ) from exc
         if response.status_code != 201:
             raise KernelConnectionError(
                 f"The gateway refused to create a kernel (HTTP {response.status_code}): {response.text}"
@@ -447,12 +473,12 @@ class KernelClient:
         kernel.receiver = asyncio.create_task(self._receive(kernel))
         return kernel
 
-    async def _close_kernel(self, kernel: _Kernel) -> None:
+    async def _close_kernel(self, kernel: _Kernel, shutdown: bool = True) -> None:
         if kernel.receiver is not None:
             kernel.receiver.cancel()
         with contextlib.suppress(Exception):
             await kernel.ws.close()
-        if self._http is not None:
+        if shutdown and self._http is not None:
             with contextlib.suppress(httpx.HTTPError):
                 await self._http.delete(f"/api/kernels/{kernel.id}")
 

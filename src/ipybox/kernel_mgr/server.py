@@ -19,9 +19,10 @@ from typing import Self
 import httpx
 import psutil
 
-from ipybox._errors import GatewayError, SandboxUnavailableError
+from ipybox.errors import GatewayError, SandboxUnavailableError
 
 _LOG_TAIL_LINES = 40
+_PORT_ATTEMPTS = 5
 
 
 def free_port(host: str = "localhost") -> int:
@@ -125,8 +126,23 @@ class KernelGateway:
                 "Sandboxing the kernel gateway is not available yet in this version of ipybox; "
                 "start it with sandbox=False."
             )
-        if self.port == 0:
+        if self.port != 0:
+            await self._start(timeout)
+            return
+        # A port found free can be taken by another process before the gateway binds it
+        # (two executors starting at once): then the gateway exits, and another port is tried.
+        for attempt in range(_PORT_ATTEMPTS):
             self.port = free_port(self.host)
+            try:
+                await self._start(timeout)
+                return
+            except GatewayError:
+                taken = any("is already in use" in line for line in self._log_tail)
+                if not taken or attempt + 1 == _PORT_ATTEMPTS:
+                    self.port = 0
+                    raise
+
+    async def _start(self, timeout: float) -> None:
         self._log_tail.clear()
         self._announced = asyncio.Event()
         self._jupyter_dir = _write_kernel_spec()
@@ -325,6 +341,7 @@ async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -
             proc.terminate()
     with contextlib.suppress(ProcessLookupError):
         process.terminate()
+    deadline = time.monotonic() + timeout
     # The gateway is our child: asyncio reaps it. Its descendants are only polled.
     try:
         await asyncio.wait_for(process.wait(), timeout)
@@ -332,7 +349,19 @@ async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         await process.wait()
-    _, alive = await asyncio.to_thread(psutil.wait_procs, descendants, timeout=min(timeout, 5))
+    alive = [proc for proc in descendants if _running(proc)]
+    while alive and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+        alive = [proc for proc in alive if _running(proc)]
     for proc in alive:
         with contextlib.suppress(psutil.Error):
             proc.kill()
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Whether a process still runs; an exited one waiting to be reaped (a zombie) does not."""
+    try:
+        status: str = proc.status()
+    except psutil.NoSuchProcess:
+        return False
+    return bool(status != psutil.STATUS_ZOMBIE)

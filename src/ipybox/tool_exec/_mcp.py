@@ -1,9 +1,9 @@
 """MCP client sessions for the tool server and the code generator (application side only).
 
-Server parameters are resolved here (``${VAR}`` placeholders, transport detection) into
-frozen values, and each MCP server connection is an :class:`MCPSession` whose MCP SDK
-``Client`` is entered and exited by one long-lived owner task, so no anyio scope of the
-connection is ever left by another task. This module is never imported inside a kernel.
+Each MCP server connection is an :class:`MCPSession` whose MCP SDK ``Client`` is entered and
+exited by one long-lived owner task, so no anyio scope of the connection is ever left by
+another task. Its parameters are resolved beforehand by :mod:`ipybox.tool_exec._params`.
+This module is never imported inside a kernel.
 """
 
 from __future__ import annotations
@@ -13,15 +13,12 @@ import contextlib
 import logging
 import math
 import os
-import re
 import signal
 import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import httpx2
@@ -29,193 +26,22 @@ from mcp.client import Client
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
 from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
-from ipybox._errors import MCPServerError, ServerParamsError
+from ipybox.errors import MCPServerError
+from ipybox.tool_exec._params import HttpParams, StdioParams, resolve_params
 
-__all__ = ["HttpParams", "MCPSession", "StdioParams", "list_tools", "resolve_params"]
+__all__ = ["MCPSession", "list_tools"]
 
 logger = logging.getLogger(__name__)
 
-_PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "type"})
-_HTTP_KEYS = frozenset({"url", "headers", "type"})
-_HTTP_TYPES: dict[str, Literal["streamable_http", "sse"]] = {
-    "streamable_http": "streamable_http",
-    "streamable-http": "streamable_http",
-    "http": "streamable_http",
-    "sse": "sse",
-}
 # Marks a stdio server's process so the session can find its process group afterwards.
 _SESSION_MARKER_ENV = "IPYBOX_MCP_SESSION"
 _GROUP_KILL_GRACE = 2.0
-
-
-@dataclass(frozen=True)
-class StdioParams:
-    """Resolved parameters of an MCP server started as a subprocess (stdio transport).
-
-    Attributes:
-        command: The executable.
-        args: Its command-line arguments.
-        env: Extra environment variables for the server process, or ``None``.
-        cwd: The working directory of the server process, or ``None`` for the current one.
-    """
-
-    command: str
-    args: tuple[str, ...] = ()
-    env: dict[str, str] | None = None
-    cwd: str | None = None
-
-
-@dataclass(frozen=True)
-class HttpParams:
-    """Resolved parameters of an MCP server reached over HTTP.
-
-    Attributes:
-        url: The server's endpoint URL.
-        headers: HTTP headers sent with every request (e.g. ``Authorization``).
-        transport: ``"streamable_http"`` or ``"sse"``.
-    """
-
-    url: str
-    headers: dict[str, str]
-    transport: Literal["streamable_http", "sse"]
-
-
-def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams:
-    """Validate MCP server parameters and replace their ``${VAR}`` placeholders.
-
-    A stdio server is given as ``{"command", "args", "env", "cwd"}``, an HTTP server as
-    ``{"url", "headers", "type"}`` where ``type`` is ``"streamable_http"`` or ``"sse"``; without
-    ``type`` the transport follows the URL path (``.../sse`` is SSE, anything else streamable
-    HTTP). ``${VAR}`` in any string is replaced from this process's environment, or else from
-    the ``.env`` file of the current working directory.
-
-    Args:
-        server_params: The parameters as the application wrote them.
-
-    Returns:
-        The resolved, validated parameters.
-
-    Raises:
-        ServerParamsError: The parameters have the wrong shape, or a placeholder names a variable
-            that is set neither in the environment nor in ``.env``.
-    """
-    if not isinstance(server_params, Mapping):
-        raise ServerParamsError(
-            f"MCP server parameters must be a mapping such as {{'command': ..., 'args': [...]}} or "
-            f"{{'url': ...}}, not {type(server_params).__name__}."
-        )
-    params = _substitute(dict(server_params), _Environment())
-    has_command, has_url = "command" in params, "url" in params
-    if has_command == has_url:
-        raise ServerParamsError(
-            "MCP server parameters need exactly one of 'command' (a server started as a subprocess, with "
-            f"optional 'args', 'env', 'cwd') or 'url' (an HTTP server, with optional 'headers', 'type'); got keys "
-            f"{sorted(params)}."
-        )
-    if has_command:
-        return _stdio_params(params)
-    return _http_params(params)
-
-
-def _stdio_params(params: dict[str, Any]) -> StdioParams:
-    _check_keys(params, _STDIO_KEYS, "a stdio server ('command')")
-    command, args, env, cwd = params["command"], params.get("args", []), params.get("env"), params.get("cwd")
-    if params.get("type", "stdio") != "stdio":
-        raise ServerParamsError(
-            f"'type' must be 'stdio' (or absent) for a server with a 'command', not {params['type']!r}."
-        )
-    if not isinstance(command, str) or not command:
-        raise ServerParamsError(f"'command' must be a non-empty string, not {command!r}.")
-    if not isinstance(args, list | tuple) or not all(isinstance(arg, str) for arg in args):
-        raise ServerParamsError(f"'args' must be a list of strings, not {args!r}.")
-    if env is not None and not _is_str_dict(env):
-        raise ServerParamsError("'env' must be a mapping of strings to strings.")
-    if cwd is not None and not isinstance(cwd, str | os.PathLike):
-        raise ServerParamsError(f"'cwd' must be a path string, not {cwd!r}.")
-    return StdioParams(
-        command=command,
-        args=tuple(args),
-        env=dict(env) if env is not None else None,
-        cwd=os.fspath(cwd) if cwd is not None else None,
-    )
-
-
-def _http_params(params: dict[str, Any]) -> HttpParams:
-    _check_keys(params, _HTTP_KEYS, "an HTTP server ('url')")
-    url, headers, kind = params["url"], params.get("headers") or {}, params.get("type")
-    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-        raise ServerParamsError(f"'url' must be an http:// or https:// URL, not {url!r}.")
-    if not _is_str_dict(headers):
-        raise ServerParamsError("'headers' must be a mapping of strings to strings.")
-    if kind is None:
-        path = httpx2.URL(url).path.rstrip("/")
-        transport: Literal["streamable_http", "sse"] = "sse" if path.endswith("/sse") else "streamable_http"
-    elif kind in _HTTP_TYPES:
-        transport = _HTTP_TYPES[kind]
-    else:
-        raise ServerParamsError(f"'type' must be 'streamable_http' or 'sse', not {kind!r}.")
-    return HttpParams(url=url, headers=dict(headers), transport=transport)
-
-
-def _check_keys(params: dict[str, Any], allowed: frozenset[str], what: str) -> None:
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise ServerParamsError(
-            f"Unexpected MCP server parameter(s) {unknown} for {what}; allowed are {sorted(allowed)}."
-        )
-
-
-def _is_str_dict(value: Any) -> bool:
-    return isinstance(value, Mapping) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    )
-
-
-class _Environment:
-    """Looks variables up in ``os.environ``, then in ``./.env`` (read once, only when needed)."""
-
-    def __init__(self) -> None:
-        self._dotenv: dict[str, str | None] | None = None
-
-    def get(self, name: str) -> str | None:
-        value = os.environ.get(name)
-        if value is not None:
-            return value
-        if self._dotenv is None:
-            from dotenv import dotenv_values
-
-            path = Path.cwd() / ".env"
-            self._dotenv = dict(dotenv_values(path)) if path.is_file() else {}
-        return self._dotenv.get(name)
-
-
-def _substitute(value: Any, environment: _Environment) -> Any:
-    if isinstance(value, str):
-        if "${" not in value:
-            return value
-
-        def replace(match: re.Match[str]) -> str:
-            name = match.group(1)
-            resolved = environment.get(name)
-            if resolved is None:
-                raise ServerParamsError(
-                    f"MCP server parameters refer to ${{{name}}}, but the environment variable {name} is not set: "
-                    f"set it, or add it to the .env file in {Path.cwd()}."
-                )
-            return resolved
-
-        return _PLACEHOLDER.sub(replace, value)
-    if isinstance(value, Mapping):
-        return {key: _substitute(item, environment) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [_substitute(item, environment) for item in value]
-    return value
+_HTTP_TIMEOUT = 30.0
+_HTTP_READ_TIMEOUT = 300.0
 
 
 class _EofWatchingStream:
@@ -530,7 +356,9 @@ class _EnteredTransport(contextlib.AbstractAsyncContextManager[Any]):
 
 @contextlib.asynccontextmanager
 async def _streamable_http(url: str, headers: Mapping[str, str]) -> AsyncIterator[Any]:
-    async with create_mcp_http_client(headers=dict(headers)) as http_client:
+    # The MCP SDK's own defaults: a server may hold a response stream open for minutes.
+    timeout = httpx2.Timeout(_HTTP_TIMEOUT, read=_HTTP_READ_TIMEOUT)
+    async with httpx2.AsyncClient(headers=dict(headers), timeout=timeout) as http_client:
         async with streamable_http_client(url, http_client=http_client) as streams:
             yield streams
 

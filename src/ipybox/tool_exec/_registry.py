@@ -109,11 +109,17 @@ class ServerRegistry:
         Raises:
             OSError: The registry file exists but could not be read.
         """
-        params = self._lookup_shared(server_name)
+        params = self.lookup_shared(server_name)
         return copy.deepcopy(params) if params is not None else None
 
-    def _lookup_shared(self, server_name: str) -> dict[str, Any] | None:
-        """Like ``lookup`` without the copy: the caller must not modify the result."""
+    def lookup_shared(self, server_name: str) -> dict[str, Any] | None:
+        """Like :meth:`lookup` without the copy, for a lookup on every tool call.
+
+        The caller must not modify the result: it is the registry's cached value.
+
+        Raises:
+            OSError: The registry file exists but could not be read.
+        """
         with self._lock:
             stamp = self._current_stamp()
             if stamp != self._stamp:

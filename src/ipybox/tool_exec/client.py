@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Any
 
-from ipybox._errors import ToolCallOutcome, ToolRunnerError
+from ipybox.errors import ToolCallOutcome, ToolRunnerError
 
 __all__ = ["ToolRunner", "ToolRunnerError", "request_approval", "run_tool"]
 
@@ -101,6 +101,7 @@ class ToolRunner:
         Raises:
             ToolRunnerError: The call was rejected, expired or failed.
         """
+        __tracebackhide__ = True  # IPython leaves ipybox's own frames out of the agent's traceback
         body = self._body(tool_name, tool_args)
         status, data = self._request_sync("POST", "/run", body, tool_name)
         return self._result(status, data, tool_name)
@@ -142,11 +143,32 @@ class ToolRunner:
         self._check_reset(status, data)
 
     def close(self) -> None:
-        """Close the kept connection (a later call opens a new one)."""
+        """Close the kept connection of the blocking API (a later call opens a new one)."""
         with self._lock:
             self._drop_connection()
 
+    async def aclose(self) -> None:
+        """Close every kept connection, of the blocking and the async API (a later call opens a new one)."""
+        self.close()
+        client, self._async_client = self._async_client, None
+        self._async_loop = None
+        if client is not None:
+            await client.aclose()
+
+    def __enter__(self) -> ToolRunner:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ToolRunner:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
     def _body(self, tool_name: str, tool_args: dict[str, Any]) -> bytes:
+        __tracebackhide__ = True
         try:
             args = json.dumps(tool_args, default=_to_json)
         except (TypeError, ValueError) as exc:
@@ -159,6 +181,7 @@ class ToolRunner:
         return f'{self._body_head}{json.dumps(tool_name)}, "tool_args": {args}}}'.encode()
 
     def _request_sync(self, method: str, path: str, body: bytes, tool_name: str) -> tuple[int, bytes]:
+        __tracebackhide__ = True
         head = self._heads.get(method + path)
         if head is None:
             head = self._heads[method + path] = self._head(method, path)
@@ -174,13 +197,27 @@ class ToolRunner:
                         connection = self._connection = _Connection(
                             self._address, self.connect_timeout, self.read_timeout
                         )
-                    status, data, close = connection.exchange(request)
+                    try:
+                        connection.send(request)
+                    except (BrokenPipeError, ConnectionResetError) as exc:
+                        # A kept connection the tool server closed just now: the request did not
+                        # get through, so it is safe to send it once more on a new connection.
+                        self._drop_connection()
+                        if reused and attempt == 1:
+                            continue
+                        raise self._unreachable(tool_name, exc) from exc
+                    status, data, close = connection.receive()
                 except (_ClosedBeforeAnswer, BrokenPipeError, ConnectionResetError) as exc:
-                    # A kept connection the tool server closed in the meantime: reconnect once.
+                    # The request was sent and may have run: a tool call runs at most once.
                     self._drop_connection()
-                    if reused and attempt == 1:
-                        continue
-                    raise self._unreachable(tool_name, exc) from exc
+                    raise ToolRunnerError(
+                        f"{self._what(tool_name)} failed: the tool server at {self.host}:{self.port} closed the "
+                        f"connection after the request was sent ({exc}); it may or may not have run, so it was "
+                        "not sent again. Check its effect before calling it again.",
+                        "failed",
+                        self.server_name,
+                        tool_name,
+                    ) from exc
                 except TimeoutError as exc:
                     self._drop_connection()
                     raise ToolRunnerError(
@@ -244,6 +281,7 @@ class ToolRunner:
         return response.status_code, response.content
 
     def _result(self, status: int, data: bytes, tool_name: str) -> dict[str, Any] | str | None:
+        __tracebackhide__ = True
         if status == 200:
             try:
                 result: dict[str, Any] | str | None = json.loads(data)["result"]
@@ -318,9 +356,12 @@ class _Connection:
     def close(self) -> None:
         self.sock.close()
 
-    def exchange(self, request: bytes) -> tuple[int, bytes, bool]:
-        """Send one request, read its response: ``(status, body, server_closes)``."""
+    def send(self, request: bytes) -> None:
+        """Send one request."""
         self.sock.sendall(request)
+
+    def receive(self) -> tuple[int, bytes, bool]:
+        """Read the response to the request sent: ``(status, body, server_closes)``."""
         buffer = self.buffer
         while (end := buffer.find(b"\r\n\r\n")) < 0:
             if not self._fill():
@@ -439,6 +480,7 @@ def run_tool(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> dic
     Raises:
         ToolRunnerError: The call was rejected, expired or failed.
     """
+    __tracebackhide__ = True
     return _runner(server_name).run_sync(tool_name, tool_args)
 
 
@@ -455,6 +497,7 @@ def request_approval(tool_name: str, tool_args: dict[str, Any]) -> None:
     Raises:
         ToolRunnerError: The request was rejected, expired or failed.
     """
+    __tracebackhide__ = True
     runner = _runner("ipybox")
     status, data = runner._request_sync("POST", "/approve", runner._body(tool_name, tool_args), tool_name)
     if status != 200:

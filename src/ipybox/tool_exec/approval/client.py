@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from ipybox._errors import ApprovalConnectionError
+from ipybox.errors import ApprovalConnectionError
 
 __all__ = ["ApprovalCallback", "ApprovalClient", "ApprovalRequest"]
 

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from ipybox._errors import ApprovalClientDisconnected, NoApprovalClientError
+from ipybox.errors import ApprovalClientDisconnected, NoApprovalClientError
 
 __all__ = ["ApprovalChannel", "ApprovalClientDisconnected", "NoApprovalClientError"]
 
@@ -133,7 +133,7 @@ class ApprovalChannel:
             return True
         websocket = self._websocket
         if websocket is None:
-            raise NoApprovalClientError("No approval client is connected to the tool server.")
+            raise NoApprovalClientError("The approval client is not connected to the tool server.")
         request_id = next(self._ids)
         decision: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = decision

@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mcp_apigen.apigen_support import (
+from pydantic import ValidationError
+
+from ipybox._codegen import module_name, module_names
+from ipybox.errors import MCPServerError, ServerParamsError
+from ipybox.mcp_apigen import generate_mcp_sources, render_sources
+from ipybox.tool_exec._registry import ServerRegistry
+from tests.mcp_apigen.apigen_support import (
     TOOLS_SERVER,
     check_source,
     import_module,
@@ -26,20 +32,6 @@ from mcp_apigen.apigen_support import (
     unique_package,
     write_sources,
 )
-from pydantic import ValidationError
-
-from ipybox._codegen import module_name, module_names
-from ipybox._errors import MCPServerError, ServerParamsError
-from ipybox.mcp_apigen import generate_mcp_sources, render_sources
-from ipybox.tool_exec._registry import ServerRegistry
-
-
-@pytest.fixture(autouse=True)
-def registry_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Keep the trusted registry of these tests out of the user's state directory."""
-    state = tmp_path / "state"
-    monkeypatch.setenv("IPYBOX_STATE_DIR", str(state))
-    return state
 
 
 @pytest.fixture
@@ -416,7 +408,7 @@ def _nested(depth: int) -> dict[str, Any]:
 
 
 async def test_generate_writes_a_package_returns_module_names_and_registers_the_server(
-    tmp_path: Path, registry_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("IPYBOX_TEST_SECRET", "s3cr3t-value")
     tools = [
@@ -449,7 +441,7 @@ async def test_generate_writes_a_package_returns_module_names_and_registers_the_
     for secret in ["s3cr3t-value", "IPYBOX_TEST_SECRET", str(TOOLS_SERVER), "API_KEY"]:
         assert secret not in text
     assert "get_weather (tool 'get-weather'): Weather now." in text
-    assert ServerRegistry(registry_dir / "servers.json").lookup("weather") == params
+    assert ServerRegistry(state_dir / "servers.json").lookup("weather") == params
 
 
 async def test_a_server_without_tools_gives_an_empty_package(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """Exceptions raised by ipybox.
 
 Every error derives from one root, so ``except IpyboxError`` catches anything ipybox
-raises on purpose. The public names are re-exported where the API reference puts them
-(``ExecutionError`` in ``kernel_mgr.client``, ``ToolRunnerError`` in ``tool_exec.client``,
-``CodeExecutionError`` in ``ipybox``)::
+raises on purpose. This module is public: import any of these names from ``ipybox.errors``.
+Some are also re-exported where the API reference puts them (``ExecutionError`` in
+``kernel_mgr.client``, ``ToolRunnerError`` in ``tool_exec.client``, ``CodeExecutionError``
+in ``ipybox``)::
 
     IpyboxError
     ├── GatewayError              the kernel gateway could not start or was stopped
@@ -30,6 +31,26 @@ raises on purpose. The public names are re-exported where the API reference puts
 from __future__ import annotations
 
 from typing import Literal
+
+__all__ = [
+    "ApiGenerationError",
+    "ApprovalClientDisconnected",
+    "ApprovalConnectionError",
+    "ApprovalError",
+    "CodeExecutionError",
+    "ExecutionError",
+    "GatewayError",
+    "IpyboxError",
+    "KernelConnectionError",
+    "KernelDiedError",
+    "MCPServerError",
+    "NoApprovalClientError",
+    "SandboxUnavailableError",
+    "ServerParamsError",
+    "ShellEscapeRequiredError",
+    "ToolCallOutcome",
+    "ToolRunnerError",
+]
 
 
 class IpyboxError(Exception):
