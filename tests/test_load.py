@@ -16,7 +16,8 @@ import pytest
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, generate_mcp_sources
 from tests.conftest import DEMO_SERVER
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# Load tests run long on a busy machine: their own bounds (asyncio timeouts) apply, not the default.
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
 
 DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 EXECUTORS = 8

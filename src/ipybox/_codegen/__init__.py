@@ -5,7 +5,7 @@ This is a small JSON Schema compiler written for ipybox rather than a call into
 schemas (2 shared cores) datamodel-code-generator 0.89 needs ~1.5 s for one batched run once
 warm and ~3 s in a fresh process, over the whole budget of ``generate_mcp_sources``
 (~1.5 s, server start included); this compiler needs ~70 ms for the same tools. Figures come
-from ``tests/mcp_apigen/measure_generation.py --compare-dcg``.
+from ``benchmarks/measure_generation.py --compare-dcg``.
 
 Why the output is safe (a server's schemas must never choose the code that runs in the
 kernel): text from a server reaches a module only as

@@ -1,9 +1,10 @@
 """Measure code generation speed and the import time of a generated module (not a test).
 
-    uv run python tests/mcp_apigen/measure_generation.py [--runs 5]
-    uv run --with datamodel-code-generator python tests/mcp_apigen/measure_generation.py --compare-dcg
+    uv run python benchmarks/measure_generation.py [--runs 5]
+    uv run --with datamodel-code-generator python benchmarks/measure_generation.py --compare-dcg
 
-Prints, for a 100-tool server with nested input and output schemas (tools_server.py --many):
+Prints, for the 100-tool server with nested schemas that the `apigen` figure uses
+(``servers/many_tools_server.py``):
 
 - ``generate_mcp_sources`` end to end (server start, listing, code, files), median of runs;
 - the part of it that is code generation (``render_sources``) on the already-listed tools;
@@ -33,7 +34,8 @@ from ipybox.mcp_apigen import generate_mcp_sources, render_sources
 from ipybox.tool_exec._mcp import list_tools
 
 HERE = Path(__file__).parent
-TOOLS_SERVER = HERE / "tools_server.py"
+SERVERS = HERE / "servers"
+MANY_TOOLS_SERVER = SERVERS / "many_tools_server.py"
 
 _DCG = """
 import json, sys, time
@@ -41,8 +43,8 @@ t0 = time.perf_counter()
 from datamodel_code_generator import DataModelType, InputFileType, generate
 from datamodel_code_generator.format import Formatter
 sys.path.insert(0, {here!r})
-from tools_server import many_tools
-tools = many_tools(100)
+from many_tools_server import TOOLS
+tools = [tool.model_dump(mode="json", by_alias=True, exclude_none=True) for tool in TOOLS]
 t1 = time.perf_counter()
 generate(tools, input_file_type=InputFileType.MCPTools, output_model_type=DataModelType.PydanticV2BaseModel,
          formatters=[Formatter.BUILTIN], disable_timestamp=True)
@@ -66,7 +68,7 @@ Warm(a=1)
 t1 = time.perf_counter()
 import {module} as tool
 t2 = time.perf_counter()
-tool.Params(name="n", address={{"street": "s", "city": "c"}})
+tool.Params(query="q", address={{"street": "s", "city": "c"}})
 t3 = time.perf_counter()
 print(json.dumps({{"base": t1 - t0, "module": t2 - t1, "params": t3 - t2}}))
 """
@@ -83,7 +85,7 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--compare-dcg", action="store_true")
     args = parser.parse_args()
-    params = {"command": sys.executable, "args": [str(TOOLS_SERVER), "--many", "100"]}
+    params = {"command": sys.executable, "args": [str(MANY_TOOLS_SERVER)]}
 
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["IPYBOX_STATE_DIR"] = str(Path(tmp) / "state")
@@ -141,8 +143,8 @@ async def main() -> None:
             ]:
                 run_env = {**env, **extra}
                 if "PYTHONPYCACHEPREFIX" in extra:
-                    _python(_DCG.format(here=str(HERE)), run_env)
-                figure = _python(_DCG.format(here=str(HERE)), run_env)
+                    _python(_DCG.format(here=str(SERVERS)), run_env)
+                figure = _python(_DCG.format(here=str(SERVERS)), run_env)
                 print(
                     f"datamodel-code-generator 0.89, same 100 tools, one batched run, {label}: "
                     f"fresh process {figure['first']:.2f} s (import {figure['import']:.2f} s), warm {figure['warm']:.2f} s"
