@@ -243,6 +243,109 @@ async def fig_approval_call(args: argparse.Namespace) -> dict[str, Any]:
     return await tool_calls(args, approval=True)
 
 
+async def fig_concurrent_calls(args: argparse.Namespace) -> dict[str, Any]:
+    """20 calls of a tool that sleeps 100 ms, gathered through `ToolRunner.run` (auto-approved).
+
+    Both sides document `ToolRunner.run` as a coroutine; whether the calls overlap is up to
+    the implementation (one after the other they take over 2 s).
+    """
+    from ipybox.tool_exec.client import ToolRunner
+    from ipybox.tool_exec.server import ToolServer
+
+    runs = 3 if args.quick else 10
+    port = free_port()
+    server_params = {"command": args.mcp_python, "args": [str(BENCH_SERVER)]}
+    samples = []
+    async with ToolServer(port=port):
+        runner = ToolRunner(server_name="bench", server_params=server_params, port=port)
+        await runner.run("sleep", {"seconds": 0.0})
+
+        async def gather() -> None:
+            results = await asyncio.gather(*(runner.run("sleep", {"seconds": 0.1}) for _ in range(20)))
+            if len(results) != 20 or any("done" not in str(r) for r in results):
+                raise RuntimeError(f"unexpected results: {results[:3]!r}")
+
+        for _ in range(runs):
+            samples.append(ms(await timed(gather)))
+        aclose = getattr(runner, "aclose", None)
+        if aclose is not None:
+            await aclose()
+    return summary(samples)
+
+
+async def fig_kernel_concurrent(args: argparse.Namespace) -> dict[str, Any]:
+    """20 calls of a 100 ms tool from kernel code through the generated API, auto-approved.
+
+    Timed inside the kernel. A generated module with ``arun`` (ours) gathers them; one without
+    (the reference's, synchronous ``run`` only) can only make them one after the other.
+    """
+    from ipybox import CodeExecutor, generate_mcp_sources
+
+    runs = 3 if args.quick else 10
+    server_params = {"command": args.mcp_python, "args": [str(BENCH_SERVER)]}
+    await generate_mcp_sources("bench", server_params, Path("mcptools"))
+    code = """
+import asyncio, time
+from mcptools.bench import sleep
+start = time.perf_counter()
+if hasattr(sleep, "arun"):
+    await asyncio.gather(*(sleep.arun(sleep.Params(seconds=0.1)) for _ in range(20)))
+else:
+    for _ in range(20):
+        sleep.run(sleep.Params(seconds=0.1))
+print((time.perf_counter() - start) * 1000)
+"""
+    samples = []
+    async with CodeExecutor(images_dir=Path("images")) as executor:
+        await executor.execute(code)
+        for _ in range(runs):
+            result = await executor.execute(code)
+            samples.append(float(str(result.text).strip().splitlines()[-1]))
+    return summary(samples)
+
+
+async def fig_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    """Calls per second of `echo`: 200 gathered through `ToolRunner.run`, beside 200 in a row."""
+    from ipybox.tool_exec.client import ToolRunner
+    from ipybox.tool_exec.server import ToolServer
+
+    runs = 2 if args.quick else 5
+    calls = 200
+    port = free_port()
+    server_params = {"command": args.mcp_python, "args": [str(BENCH_SERVER)]}
+    tool_args = {"text": "hello"}
+    concurrent, sequential = [], []
+    async with ToolServer(port=port):
+        runner = ToolRunner(server_name="bench", server_params=server_params, port=port)
+
+        def in_a_row() -> float:
+            start = time.perf_counter()
+            for _ in range(calls):
+                runner.run_sync("echo", tool_args)
+            return time.perf_counter() - start
+
+        async def gathered() -> float:
+            start = time.perf_counter()
+            await asyncio.gather(*(runner.run("echo", tool_args) for _ in range(calls)))
+            return time.perf_counter() - start
+
+        await gathered()
+        await asyncio.to_thread(in_a_row)
+        for _ in range(runs):
+            concurrent.append(calls / await gathered())
+            sequential.append(calls / await asyncio.to_thread(in_a_row))
+        for close in ("close", "aclose"):
+            method = getattr(runner, close, None)
+            if method is not None:
+                await maybe_await(method())
+    return {
+        "value": statistics.median(concurrent),
+        "unit": "calls/s",
+        "n": runs,
+        "sequential": statistics.median(sequential),
+    }
+
+
 async def fig_mcp_floor(args: argparse.Namespace) -> dict[str, Any]:
     """The MCP part of a tool call alone: the project's SDK calling `echo` on the same server.
 
@@ -324,6 +427,9 @@ FIGURES: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, 
     "tool_call": fig_tool_call,
     "approval_call": fig_approval_call,
     "mcp_floor": fig_mcp_floor,
+    "concurrent_calls": fig_concurrent_calls,
+    "kernel_concurrent": fig_kernel_concurrent,
+    "throughput": fig_throughput,
     "apigen": fig_apigen,
     "memory": fig_memory,
 }

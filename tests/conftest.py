@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import selectors
 import subprocess
 import sys
@@ -20,6 +21,25 @@ def state_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Monk
     path = tmp_path_factory.mktemp("state")
     monkeypatch.setenv("IPYBOX_STATE_DIR", str(path))
     return path
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A working directory for one test module, with a registry of its own inside it: the
+    current directory and ``IPYBOX_STATE_DIR`` point there while the module's tests run. A module
+    whose executor outlives one test also overrides `state_dir` to return ``workdir / "state"``."""
+    path = tmp_path_factory.mktemp("workdir")
+    old_cwd, old_state = Path.cwd(), os.environ.get("IPYBOX_STATE_DIR")
+    os.chdir(path)
+    os.environ["IPYBOX_STATE_DIR"] = str(path / "state")
+    try:
+        yield path
+    finally:
+        os.chdir(old_cwd)
+        if old_state is None:
+            os.environ.pop("IPYBOX_STATE_DIR", None)
+        else:
+            os.environ["IPYBOX_STATE_DIR"] = old_state
 
 
 def _start_http_demo(transport: str) -> Iterator[str]:

@@ -7,7 +7,7 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import psutil
@@ -24,28 +24,12 @@ from ipybox import (
 )
 from ipybox.errors import KernelConnectionError
 from tests.conftest import DEMO_SERVER
+from tests.sandbox_support import require_sandbox
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A working directory with generated `mcptools/demo`, and a registry of its own."""
-    path = tmp_path_factory.mktemp("workdir")
-    old_cwd, old_state = Path.cwd(), os.environ.get("IPYBOX_STATE_DIR")
-    os.chdir(path)
-    os.environ["IPYBOX_STATE_DIR"] = str(path / "state")
-    try:
-        yield path
-    finally:
-        os.chdir(old_cwd)
-        if old_state is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = old_state
 
 
 @pytest.fixture(autouse=True)
@@ -54,10 +38,18 @@ def state_dir(workdir: Path) -> Path:
     return workdir / "state"
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def executor(workdir: Path) -> AsyncIterator[CodeExecutor]:
+@pytest_asyncio.fixture(
+    scope="module", loop_scope="module", params=[False, True], ids=["unsandboxed", "sandboxed"]
+)
+async def executor(workdir: Path, request: pytest.FixtureRequest) -> AsyncIterator[CodeExecutor]:
+    """Every test that takes it runs twice: with the kernel as the application's user, and in srt."""
+    sandbox: bool = request.param
+    if sandbox:
+        require_sandbox()
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
-    async with CodeExecutor(images_dir=workdir / "images", kernel_env={"GREETING": "hello"}) as ex:
+    async with CodeExecutor(
+        images_dir=workdir / "images", kernel_env={"GREETING": "hello"}, sandbox=sandbox
+    ) as ex:
         yield ex
 
 
@@ -245,10 +237,18 @@ async def test_the_kernel_cannot_run_unregistered_servers_or_approve_calls(
     """S1, S2, S4 attacked from real kernel code."""
     marker = workdir / "pwned"
     code = f"""
-import json, os, http.client
+import json, os, http.client, socket
 host, port, token = os.environ["TOOL_SERVER_HOST"], int(os.environ["TOOL_SERVER_PORT"]), os.environ["TOOL_SERVER_TOKEN"]
+unix = os.environ.get("TOOL_SERVER_SOCKET")  # how a sandboxed kernel reaches the tool server
+class Connection(http.client.HTTPConnection):
+    def connect(self):
+        if unix:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.connect(unix)
+        else:
+            super().connect()
 def post(body, headers):
-    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn = Connection(host, port, timeout=10)
     conn.request("POST", "/run", json.dumps(body), {{"Content-Type": "application/json", **headers}})
     response = conn.getresponse()
     return response.status
@@ -271,8 +271,11 @@ import asyncio, os
 import websockets
 async def attempt():
     url = f"ws://{os.environ['TOOL_SERVER_HOST']}:{os.environ['TOOL_SERVER_PORT']}/approval"
+    headers = {"Authorization": "Bearer " + os.environ["TOOL_SERVER_TOKEN"]}
+    unix = os.environ.get("TOOL_SERVER_SOCKET")
+    connect = websockets.unix_connect(unix, url, additional_headers=headers) if unix else websockets.connect(url, additional_headers=headers)
     try:
-        async with websockets.connect(url, additional_headers={"Authorization": "Bearer " + os.environ["TOOL_SERVER_TOKEN"]}) as ws:
+        async with connect as ws:
             await ws.recv()
             return "connected"
     except websockets.InvalidStatus as e:
@@ -387,13 +390,21 @@ async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
 
 
 async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(executor: CodeExecutor) -> None:
+    assert executor._gateway is not None and executor._gateway._process is not None
+    fixture_gateway = psutil.Process(executor._gateway._process.pid)
+
     def running() -> set[int]:
+        # The module's executor keeps its own processes coming and going (spare kernels; srt's
+        # socat bridges, one per connection): only this test's executor is counted.
+        theirs = {p.pid for p in fixture_gateway.children(recursive=True)} | {fixture_gateway.pid}
         return {
-            p.pid for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+            p.pid
+            for p in psutil.Process().children(recursive=True)
+            if p.pid not in theirs and p.status() != psutil.STATUS_ZOMBIE
         }
 
     before = running()
-    ex = CodeExecutor()
+    ex = CodeExecutor(sandbox=executor.sandbox)
     await ex.start()
     await ex.execute("from mcptools.demo import pid\npid.run(pid.Params())")  # an MCP server runs too
     await ex.execute("import subprocess\nsleeper = subprocess.Popen(['sleep', '60'])")

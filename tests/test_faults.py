@@ -36,22 +36,6 @@ DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 CONNECT_TIMEOUT = 5
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("faults")
-    old_cwd, old_state = Path.cwd(), os.environ.get("IPYBOX_STATE_DIR")
-    os.chdir(path)
-    os.environ["IPYBOX_STATE_DIR"] = str(path / "state")
-    try:
-        yield path
-    finally:
-        os.chdir(old_cwd)
-        if old_state is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = old_state
-
-
 @pytest.fixture(autouse=True)
 def state_dir(workdir: Path) -> Path:
     """This module's executors share one registry, the module's (see `workdir`)."""

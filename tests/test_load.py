@@ -6,9 +6,7 @@ Each executor keeps its own state and sees only its own approvals; nothing fails
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,22 +20,6 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)
 DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 EXECUTORS = 8
 CELLS = 500  # per executor, each with one tool call
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    path = tmp_path_factory.mktemp("load")
-    old_cwd, old_state = Path.cwd(), os.environ.get("IPYBOX_STATE_DIR")
-    os.chdir(path)
-    os.environ["IPYBOX_STATE_DIR"] = str(path / "state")
-    try:
-        yield path
-    finally:
-        os.chdir(old_cwd)
-        if old_state is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = old_state
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""A minimal stdio MCP server for the tool-call figures: one `echo` tool, nothing else.
+"""A minimal stdio MCP server for the tool-call figures: `echo`, and `sleep` for concurrent calls.
 
 Both sides of the benchmark start this same file with the project's interpreter (mcp 2.x
 SDK), so the MCP server costs the same for the reference and for ipybox and the figure
@@ -6,6 +6,8 @@ measures only the path from `ToolRunner.run_sync` through the tool server and ba
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from mcp.server.mcpserver import MCPServer
 
@@ -16,6 +18,13 @@ server = MCPServer("bench", log_level="WARNING")
 def echo(text: str) -> str:
     """Return the text unchanged."""
     return text
+
+
+@server.tool(structured_output=False)
+async def sleep(seconds: float) -> str:
+    """Sleep for the given number of seconds, then answer."""
+    await asyncio.sleep(seconds)
+    return "done"
 
 
 if __name__ == "__main__":

@@ -36,6 +36,11 @@ _EXPORTS = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        # The version has one source, the package metadata (pyproject.toml).
+        from importlib.metadata import version
+
+        return version("ipybox")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'ipybox' has no attribute {name!r}")

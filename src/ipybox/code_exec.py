@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import shutil
+import tempfile
 from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -12,6 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+import anyio
 import httpx
 
 from ipybox.errors import (
@@ -91,8 +94,12 @@ class CodeExecutor:
         images_dir: Folder for PNG images the code displays; default ``./images``.
         approval_timeout: Seconds to wait for each approval decision.
         connect_timeout: Seconds to wait for an MCP server to start.
-        sandbox: Run the kernel inside Anthropic's sandbox-runtime.
-        sandbox_config: Path of a sandbox-runtime settings file.
+        sandbox: Run the kernel inside Anthropic's sandbox-runtime (``srt``): no network but the
+            tool server, no reading of ``.env`` or credential stores, writes only to the working
+            directory, IPython's and Jupyter's folders and a private temporary folder, and the
+            application's processes out of sight. See the README's sandbox section.
+        sandbox_config: Path of an srt settings file that replaces the default settings; the
+            trusted registry stays unwritable and the tool server reachable whatever it says.
         log_level: Log level of the tool server and kernel gateway.
         approve_tool_calls: Whether MCP tool calls wait for approval; ``False`` lets them run
             unasked (shell commands still ask with ``approve_shell_cmds``).
@@ -105,9 +112,19 @@ class CodeExecutor:
             ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn*``, ``pty.spawn``) with an
             error that says to use ``!``. A Python-level guard that code can undo: it keeps an
             agent on the approved path, it does not stop hostile code.
+        memory_limit: Memory for the kernel together with every process it starts, in bytes or as
+            ``"512M"``/``"2G"``; ``None``: no limit. Enforced with a control group where one can be
+            created (the kernel is killed when it goes over: the execution fails with a message
+            that says so, and a fresh kernel replaces it), else per process with ``RLIMIT_DATA``
+            (an allocation over it raises ``MemoryError``). Sandboxed, srt's own process counts too.
+        max_processes: Processes and threads the kernel may run at once, itself and everything it
+            starts included (at least 16); ``None``: no limit. A fork bomb then fails to fork, and
+            its processes are killed with the kernel's next replacement or at `stop()`.
         working_dir: The kernel's working directory. The kernel starts there, and after every
             cell that moved away (or deleted the folder it was in) it is put back, with a note in
             the output. ``None``: the application's working directory, and ``os.chdir`` persists.
+        spare_kernel: Keep a spare kernel warm so that `reset()` takes milliseconds; ``False``
+            saves that kernel's memory (the MCP server's HTTP sessions do).
     """
 
     def __init__(
@@ -128,6 +145,9 @@ class CodeExecutor:
         approve_shell_cmds: bool = False,
         require_shell_escape: bool = False,
         working_dir: Path | str | None = None,
+        memory_limit: int | str | None = None,
+        max_processes: int | None = None,
+        spare_kernel: bool = True,
     ) -> None:
         self.tool_server_host = tool_server_host
         self.tool_server_port = tool_server_port
@@ -144,12 +164,16 @@ class CodeExecutor:
         self.approve_shell_cmds = approve_shell_cmds
         self.require_shell_escape = require_shell_escape
         self.working_dir = Path(working_dir).resolve() if working_dir is not None else None
+        self.memory_limit = memory_limit
+        self.max_processes = max_processes
+        self.spare_kernel = spare_kernel
         self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
         self._gateway: KernelGateway | None = None
         self._lock = asyncio.Lock()
         self._requests: asyncio.Queue[_Item | None] | None = None
+        self._socket_dir: Path | None = None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -180,6 +204,10 @@ class CodeExecutor:
         gateway_token = secrets.token_urlsafe(32)
         approval_secret = secrets.token_urlsafe(32)
         async with AsyncExitStack() as stack:
+            # A sandboxed kernel has no network: it reaches the tool server through a Unix socket.
+            socket_dir = Path(tempfile.mkdtemp(prefix="ipybox-tools-")) if self.sandbox else None
+            if socket_dir is not None:
+                stack.callback(shutil.rmtree, socket_dir, True)
             tool_server = ToolServer(
                 host=self.tool_server_host,
                 port=self.tool_server_port or 0,
@@ -192,6 +220,7 @@ class CodeExecutor:
                 token=token,
                 approval_secret=approval_secret,
                 approve_tool_calls=self.approve_tool_calls,
+                uds=socket_dir / "tools.sock" if socket_dir is not None else None,
             )
             await stack.enter_async_context(tool_server)
             kernel_env = {
@@ -200,6 +229,8 @@ class CodeExecutor:
                 "TOOL_SERVER_PORT": str(tool_server.port),
                 "TOOL_SERVER_TOKEN": token,
             }
+            if tool_server.uds is not None:
+                kernel_env["TOOL_SERVER_SOCKET"] = str(tool_server.uds)
             gateway = KernelGateway(
                 host=self.kernel_gateway_host,
                 port=self.kernel_gateway_port,
@@ -208,6 +239,9 @@ class CodeExecutor:
                 log_level=self.log_level,
                 env=kernel_env,
                 auth_token=gateway_token,
+                working_dir=self.working_dir,
+                memory_limit=self.memory_limit,
+                max_processes=self.max_processes,
             )
             await stack.enter_async_context(gateway)
             kernel = KernelClient(
@@ -215,6 +249,7 @@ class CodeExecutor:
                 port=gateway.port,
                 images_dir=self.images_dir,
                 auth_token=gateway_token,
+                spare_kernel=self.spare_kernel,
             )
             await stack.enter_async_context(kernel)
             approval = ApprovalClient(
@@ -226,6 +261,7 @@ class CodeExecutor:
             await stack.enter_async_context(approval)
             self._tool_server, self._kernel, self._gateway = tool_server, kernel, gateway
             self._parts = (approval, kernel, gateway, tool_server)
+            self._socket_dir = socket_dir
             # From here on stop() takes everything down; the stack only served a failed start.
             stack.pop_all()
 
@@ -248,6 +284,9 @@ class CodeExecutor:
             outcomes = await asyncio.gather(
                 gateway.stop(timeout=_STOP_GRACE), tool_server.stop(), return_exceptions=True
             )
+            if self._socket_dir is not None:
+                shutil.rmtree(self._socket_dir, ignore_errors=True)
+                self._socket_dir = None
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome
@@ -353,14 +392,17 @@ class CodeExecutor:
                 while not items.empty():
                     if isinstance(pending := items.get_nowait(), ApprovalRequest):
                         handed.append(pending)
-                for request in handed:
-                    with contextlib.suppress(ApprovalConnectionError):
-                        await request.reject()
-                if not runner.done():
-                    runner.cancel()
-                    await asyncio.wait({runner})
-                    with contextlib.suppress(KernelConnectionError):
-                        await kernel.interrupt()
+                # Shielded: a caller cancelled through an anyio scope (an MCP client's cancel)
+                # is cancelled again at every await, which would skip the interrupt.
+                with anyio.CancelScope(shield=True):
+                    for request in handed:
+                        with contextlib.suppress(ApprovalConnectionError):
+                            await request.reject()
+                    if not runner.done():
+                        runner.cancel()
+                        await asyncio.wait({runner})
+                        with contextlib.suppress(KernelConnectionError):
+                            await kernel.interrupt()
 
     async def _run(
         self,
@@ -391,14 +433,23 @@ class CodeExecutor:
         """After the kernel died mid-execution: a fresh kernel, on a fresh gateway if the
         gateway went too; the message for the execution that was hit."""
         lost = "all variables, imports and definitions are gone"
-        try:
-            await kernel.reset()
-            return f"The kernel died while running the code; a fresh kernel has replaced it and {lost}."
-        except (KernelConnectionError, httpx.HTTPError, OSError):
-            pass  # no kernel could be created: the gateway itself is gone or broken
         gateway = self._gateway
         if gateway is None:  # stopped meanwhile
             return "The kernel died while running the code, and the executor was stopped."
+        # A dead gateway is checked first: its spare kernel's connection may not have noticed yet,
+        # so a reset onto the spare would "succeed" and leave the next execution to fail.
+        if gateway.running:
+            died = "The kernel died while running the code"
+            if gateway.memory_exceeded():
+                died = (
+                    f"The kernel was killed because it used more than its memory limit ({self.memory_limit}) "
+                    "while running the code"
+                )
+            try:
+                await kernel.reset()
+                return f"{died}; a fresh kernel has replaced it and {lost}."
+            except (KernelConnectionError, httpx.HTTPError, OSError):
+                pass  # no kernel could be created: the gateway itself is gone or broken
         try:
             await kernel.disconnect()
             await gateway.stop()

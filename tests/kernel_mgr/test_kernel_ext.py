@@ -6,9 +6,8 @@ every ipybox kernel, and `CodeExecutor` switches its parts on through the kernel
 
 from __future__ import annotations
 
-import os
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -28,23 +27,6 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 APPROVAL_TIMEOUT = 2
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A folder holding the generated `mcptools/demo` and a registry of its own."""
-    path = tmp_path_factory.mktemp("shell")
-    old_cwd, old_state = Path.cwd(), os.environ.get("IPYBOX_STATE_DIR")
-    os.chdir(path)
-    os.environ["IPYBOX_STATE_DIR"] = str(path / "state")
-    try:
-        yield path
-    finally:
-        os.chdir(old_cwd)
-        if old_state is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = old_state
 
 
 @pytest.fixture(autouse=True)

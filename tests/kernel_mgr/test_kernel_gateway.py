@@ -5,7 +5,7 @@ import httpx
 import psutil
 import pytest
 
-from ipybox.errors import GatewayError, SandboxUnavailableError
+from ipybox.errors import GatewayError
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 
@@ -59,13 +59,6 @@ async def test_starting_twice_raises() -> None:
     async with KernelGateway(port=None) as gateway:
         with pytest.raises(GatewayError, match="already running"):
             await gateway.start()
-
-
-async def test_sandbox_is_reported_as_not_available_yet() -> None:
-    gateway = KernelGateway(port=None, sandbox=True)
-    with pytest.raises(SandboxUnavailableError, match="not available yet"):
-        await gateway.start()
-    assert not gateway.running
 
 
 async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(

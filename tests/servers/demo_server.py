@@ -12,22 +12,38 @@ Over HTTP it binds the port itself (``0`` picks a free one) and prints one line
 Tools cover the shapes the tool execution layer and the code generator must handle:
 unstructured text, structured output, nested structured output, enums with optional and
 nullable fields and a ``$ref``'d nested input model, a slow tool, a failing tool, a tool that
-kills its own process, a tool that echoes an environment variable, and a rendezvous
-that answers only once a number of calls are in flight together.
+kills its own process, a tool that echoes an environment variable, a rendezvous
+that answers only once a number of calls are in flight together, and media: an image, audio,
+a resource link, embedded text and binary resources, text mixed with an image, structured
+content beside an image, and a blob of any size.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import os
 import socket
+import struct
 import sys
+import zlib
 from enum import Enum, StrEnum
 from typing import Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import (
+    AudioContent,
+    BlobResourceContents,
+    CallToolResult,
+    ContentBlock,
+    EmbeddedResource,
+    ImageContent,
+    ResourceLink,
+    TextContent,
+    TextResourceContents,
+)
 from pydantic import BaseModel, Field
 
 mcp = MCPServer("demo", log_level="WARNING")
@@ -180,6 +196,120 @@ async def rendezvous(key: str, count: int, timeout: float = 60) -> str:
     except TimeoutError:
         raise ToolError(f"only {_arrived[key]} of {count} calls with key {key!r} arrived") from None
     return f"{count} together"
+
+
+def png_bytes(width: int = 4, height: int = 3) -> bytes:
+    """A small, valid PNG (an RGB gradient): what the image tools return, byte for byte."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = b"".join(
+        b"\x00" + bytes(v for x in range(width) for v in (x * 60 % 256, y * 80 % 256, 200))
+        for y in range(height)
+    )
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+def wav_bytes() -> bytes:
+    """A short, valid WAV file (8-bit mono silence with a blip): what the audio tool returns."""
+    samples = bytes([128] * 50 + [255, 0] * 5 + [128] * 40)
+    fmt = struct.pack("<HHIIHH", 1, 1, 8000, 8000, 1, 8)
+    body = (
+        b"WAVE"
+        + b"fmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"data"
+        + struct.pack("<I", len(samples))
+        + samples
+    )
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+BLOB = bytes(range(256)) * 4  # every byte value, for the embedded binary resource
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@mcp.tool(structured_output=False)
+def image() -> ImageContent:
+    """Return a small PNG image."""
+    return ImageContent(type="image", data=_b64(png_bytes()), mime_type="image/png")
+
+
+@mcp.tool(structured_output=False)
+def audio() -> AudioContent:
+    """Return a short WAV sound."""
+    return AudioContent(type="audio", data=_b64(wav_bytes()), mime_type="audio/wav")
+
+
+@mcp.tool(structured_output=False)
+def link() -> ResourceLink:
+    """Return a link to a resource."""
+    return ResourceLink(
+        type="resource_link",
+        uri="file:///data/report.csv",
+        name="report.csv",
+        mime_type="text/csv",
+        description="The quarterly report",
+        size=1234,
+    )
+
+
+@mcp.tool(structured_output=False)
+def embedded_text() -> EmbeddedResource:
+    """Return an embedded text resource."""
+    return EmbeddedResource(
+        type="resource",
+        resource=TextResourceContents(
+            uri="memo://notes/1", text="line one\nline two ✓", mime_type="text/markdown"
+        ),
+    )
+
+
+@mcp.tool(structured_output=False)
+def embedded_blob() -> EmbeddedResource:
+    """Return an embedded binary resource."""
+    return EmbeddedResource(
+        type="resource",
+        resource=BlobResourceContents(
+            uri="blob://bytes/all", blob=_b64(BLOB), mime_type="application/octet-stream"
+        ),
+    )
+
+
+@mcp.tool(structured_output=False)
+def text_and_image(caption: str) -> list[ContentBlock]:
+    """Return a caption, an image and a second text."""
+    return [
+        TextContent(type="text", text=caption),
+        ImageContent(type="image", data=_b64(png_bytes(8, 8)), mime_type="image/png"),
+        TextContent(type="text", text="end"),
+    ]
+
+
+@mcp.tool()
+def chart(points: int) -> CallToolResult:
+    """Return structured content (the point count) beside an image."""
+    return CallToolResult(
+        content=[ImageContent(type="image", data=_b64(png_bytes(points, 2)), mime_type="image/png")],
+        structured_content={"points": points},
+    )
+
+
+@mcp.tool(structured_output=False)
+def blob(size: int) -> ImageContent:
+    """Return an 'image' of `size` bytes (for size limits)."""
+    return ImageContent(type="image", data=_b64(b"\xab" * size), mime_type="application/octet-stream")
 
 
 async def _serve_http(transport: str, host: str, port: int) -> None:

@@ -35,6 +35,7 @@ _MODULE_NAMES = frozenset(
         "None",
         "Params",
         "Result",
+        "ToolContent",
         "True",
         "bool",
         "dict",
@@ -42,8 +43,14 @@ _MODULE_NAMES = frozenset(
         "int",
         "json",
         "list",
+        "arun",
+        "arun_content",
+        "arun_tool",
+        "arun_tool_content",
         "run",
+        "run_content",
         "run_tool",
+        "run_tool_content",
         "str",
     }
 )

@@ -13,17 +13,26 @@ It runs the stock Jupyter Kernel Gateway application with two changes, both for 
   that costs about a third of the gateway's time per execution. The kernel is marked
   idle once and not watched. Death and restarts still reach clients through the
   channels connection.
+
+Sandboxed kernels, which cannot see this process, exit when the lock it holds on
+``IPYBOX_GATEWAY_LOCK`` is released. With resource limits in control groups (``IPYBOX_KERNEL_GROUPS``), a kernel's groups are
+also cleared as soon as its process has ended.
 """
 
+import json
+import os
 import sys
 from datetime import UTC, datetime
 from typing import Any
 
 sys.modules.setdefault("rfc3987_syntax", None)  # type: ignore[arg-type]  # None blocks the import
 
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner  # noqa: E402
 from jupyter_server.services.kernels.kernelmanager import MappingKernelManager  # noqa: E402
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler  # noqa: E402
 from kernel_gateway.gatewayapp import launch_instance  # noqa: E402
+
+from ipybox.kernel_mgr import _limits  # noqa: E402
 
 _open = KernelWebsocketHandler.open
 
@@ -45,6 +54,26 @@ def _watch_activity_lightly(self: MappingKernelManager, kernel_id: str) -> None:
 
 
 MappingKernelManager.start_watching_activity = _watch_activity_lightly  # type: ignore[method-assign]
+
+# Held until this process ends, however it ends: sandboxed kernels exit when it is released
+# (see ipybox.kernel_mgr._kernel_ext).
+_GATEWAY_LOCK = os.environ.get("IPYBOX_GATEWAY_LOCK")
+if _GATEWAY_LOCK:
+    import fcntl
+
+    _lock_fd = os.open(_GATEWAY_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(_lock_fd, fcntl.LOCK_EX)
+
+_GROUPS = json.loads(os.environ.get("IPYBOX_KERNEL_GROUPS") or "[]")
+if _GROUPS:
+    _cleanup = LocalProvisioner.cleanup
+
+    async def _cleanup_and_reap(self: LocalProvisioner, restart: bool = False) -> None:
+        """Also clear the ended kernel's control groups (see ``ipybox.kernel_mgr._limits``)."""
+        await _cleanup(self, restart)
+        _limits.reap(_GROUPS, self.pid)
+
+    LocalProvisioner.cleanup = _cleanup_and_reap  # type: ignore[method-assign]
 
 if __name__ == "__main__":
     launch_instance()

@@ -86,6 +86,8 @@ class KernelClient:
         images_dir: Folder for PNG images displayed by code; default ``./images``.
         ping_interval: Seconds between WebSocket pings that keep the connection alive.
         auth_token: The gateway's `auth_token`, if it has one.
+        spare_kernel: Keep a spare kernel warm for a fast `reset()`; ``False`` saves its
+            memory (a reset then waits for a kernel to start).
     """
 
     def __init__(
@@ -96,12 +98,14 @@ class KernelClient:
         ping_interval: float = 10,
         *,
         auth_token: str | None = None,
+        spare_kernel: bool = True,
     ) -> None:
         self.host = host
         self._headers = {"Authorization": f"token {auth_token}"} if auth_token else {}
         self.port = port
         self.images_dir = images_dir or Path("images")
         self.ping_interval = ping_interval
+        self.spare_kernel = spare_kernel
         self._http: httpx.AsyncClient | None = None
         self._kernel: _Kernel | None = None
         self._spare: asyncio.Task[_Kernel] | None = None
@@ -166,7 +170,7 @@ class KernelClient:
 
     def _start_spare(self) -> None:
         """Start booting the kernel the next `reset()` will switch to."""
-        if self._spare is None and self._http is not None:
+        if self.spare_kernel and self._spare is None and self._http is not None:
             self._spare = asyncio.create_task(self._open_kernel())
             # A spare that fails is replaced on reset(); its error must not go unretrieved.
             self._spare.add_done_callback(lambda task: task.cancelled() or task.exception())

@@ -14,12 +14,14 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 import httpx
 import psutil
 
-from ipybox.errors import GatewayError, SandboxUnavailableError
+from ipybox.errors import GatewayError
+from ipybox.kernel_mgr import _limits, _sandbox
+from ipybox.tool_exec._registry import default_registry_path
 
 _LOG_TAIL_LINES = 40
 _PORT_ATTEMPTS = 5
@@ -51,8 +53,11 @@ class KernelGateway:
         host: Host name or address the gateway binds to.
         port: Port the gateway listens on; ``None`` or ``0`` picks a free one (read it
             from `port` after `start()`).
-        sandbox: Run the gateway inside Anthropic's sandbox-runtime (not available yet).
-        sandbox_config: Path of a sandbox-runtime settings file (not available yet).
+        sandbox: Run each kernel inside Anthropic's sandbox-runtime (``srt``); the gateway itself
+            stays outside and talks to the kernel over ZMQ ``ipc://`` sockets. A Unix socket named
+            by ``TOOL_SERVER_SOCKET`` in `env` stays reachable from inside.
+        sandbox_config: Path of an srt settings file that replaces the default settings (the
+            trusted registry stays unwritable and the tool server reachable whatever it says).
         log_level: Log level of the gateway process.
         log_to_stderr: Forward the gateway's log lines to this process's stderr. Either
             way the last lines are kept and reported if the gateway fails.
@@ -60,6 +65,12 @@ class KernelGateway:
         auth_token: If set, the gateway answers only requests that carry this token
             (give the same token to `KernelClient`), so other local users cannot reach
             its kernels.
+        working_dir: Where kernels start (and what the sandbox lets them write); default the
+            current directory.
+        memory_limit: Memory for each kernel together with every process it starts, in bytes
+            or as ``"512M"``/``"2G"``; ``None``: no limit. See `CodeExecutor` for how it holds.
+        max_processes: Processes and threads each kernel may have at once, itself and every
+            process it starts included; ``None``: no limit.
     """
 
     def __init__(
@@ -73,8 +84,19 @@ class KernelGateway:
         env: dict[str, str] | None = None,
         *,
         auth_token: str | None = None,
+        working_dir: Path | None = None,
+        memory_limit: int | str | None = None,
+        max_processes: int | None = None,
     ) -> None:
+        if max_processes is not None and max_processes < 16:
+            raise ValueError(
+                f"max_processes must be at least 16 (a kernel runs several threads), not {max_processes!r}."
+            )
+        self.memory_limit = _limits.parse_memory(memory_limit) if memory_limit is not None else None
+        self.max_processes = max_processes
+        self._limits = _limits.KernelLimits(None, None)
         self.host = host
+        self.working_dir = Path(working_dir or Path.cwd()).resolve()
         self.auth_token = auth_token
         self.port = port or 0
         self.sandbox = sandbox
@@ -82,11 +104,22 @@ class KernelGateway:
         self.log_level = _gateway_log_level(log_level)
         self.log_to_stderr = log_to_stderr
         self.env = dict(env or {})
+        loaders = sorted(
+            key for key in self.env if key.startswith(_LOADER_ENV_PREFIXES) or key in _LOADER_ENV_KEYS
+        )
+        if loaders:
+            raise ValueError(
+                f"Kernel variables {', '.join(loaders)} cannot be set: the gateway and srt (trusted "
+                "processes outside the sandbox) would load code from them. Set them inside the kernel "
+                "instead (os.environ in a cell)."
+            )
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
         self._log_tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
         self._announced = asyncio.Event()
         self._jupyter_dir: Path | None = None
+        self._srt = ""
+        self._sandbox_config: dict[str, Any] | None = None
 
     @property
     def url(self) -> str:
@@ -95,8 +128,14 @@ class KernelGateway:
 
     @property
     def running(self) -> bool:
-        """Whether the gateway process is alive."""
-        return self._process is not None and self._process.returncode is None
+        """Whether the gateway process is alive (one that exited but is not reaped yet is not)."""
+        process = self._process
+        if process is None or process.returncode is not None:
+            return False
+        try:
+            return _running(psutil.Process(process.pid))
+        except psutil.Error:
+            return False
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -117,15 +156,31 @@ class KernelGateway:
             GatewayError: If the gateway is already running, exits during start (for
                 example because the port is in use), or does not answer in time. The
                 message includes the gateway's last lines of output.
-            SandboxUnavailableError: If ``sandbox=True`` (not available yet).
+            SandboxUnavailableError: If ``sandbox=True`` and srt or a program it needs is
+                missing (the message says what to install), or `sandbox_config` is unusable.
+                The kernel never runs unsandboxed instead.
         """
         if self._process is not None:
             raise GatewayError("The kernel gateway is already running; call stop() before start().")
         if self.sandbox:
-            raise SandboxUnavailableError(
-                "Sandboxing the kernel gateway is not available yet in this version of ipybox; "
-                "start it with sandbox=False."
-            )
+            self._srt = _sandbox.find_srt()
+            self._sandbox_config = _sandbox.load_config(self.sandbox_config) if self.sandbox_config else None
+        self._limits = _limits.KernelLimits(self.memory_limit, self.max_processes)
+        try:
+            self._limits.setup()
+        except _limits.LimitsUnavailableError as exc:
+            raise GatewayError(str(exc)) from None
+        try:
+            await self._start_on_a_port(timeout)
+        except BaseException:
+            self._limits.cleanup()
+            raise
+
+    def memory_exceeded(self) -> bool:
+        """Whether a kernel was killed for going over `memory_limit` since the last call."""
+        return self._limits.memory_exceeded()
+
+    async def _start_on_a_port(self, timeout: float) -> None:
         if self.port != 0:
             await self._start(timeout)
             return
@@ -145,24 +200,44 @@ class KernelGateway:
     async def _start(self, timeout: float) -> None:
         self._log_tail.clear()
         self._announced = asyncio.Event()
-        self._jupyter_dir = _write_kernel_spec()
+        where = _sandbox.private_base() if self.sandbox else None
+        self._jupyter_dir = Path(tempfile.mkdtemp(prefix="ipybox-jupyter-", dir=where))
         try:
+            self._write_kernel_spec(self._jupyter_dir)
             self._process = await asyncio.create_subprocess_exec(
                 *self._command(),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 env=self._gateway_env(),
+                cwd=self.working_dir,
             )
         except BaseException:
             shutil.rmtree(self._jupyter_dir, ignore_errors=True)
             self._jupyter_dir = None
             raise
         self._reader = asyncio.create_task(self._read_output(self._process))
+        jupyter_dir = self._jupyter_dir
+        # A sandbox that cannot start is found while the gateway starts, not by a kernel that never answers.
+        check = (
+            asyncio.create_task(
+                _sandbox.check(
+                    self._srt, jupyter_dir / "srt-settings.json", jupyter_dir / "tmp", self.working_dir
+                )
+            )
+            if self.sandbox
+            else None
+        )
         try:
             await self._wait_ready(timeout)
+            if check is not None:
+                await check
         except BaseException:
-            await self.stop()
+            if check is not None and not check.done():
+                check.cancel()
+                with contextlib.suppress(BaseException):
+                    await check
+            await self._stop_process(10)
             raise
 
     async def stop(self, timeout: float = 10) -> None:
@@ -174,6 +249,13 @@ class KernelGateway:
         Args:
             timeout: Seconds to wait for a graceful exit before killing.
         """
+        try:
+            await self._stop_process(timeout)
+        finally:
+            # What the kernels started outside the gateway's process tree (a new session, a fork bomb).
+            self._limits.cleanup()
+
+    async def _stop_process(self, timeout: float) -> None:
         process, self._process = self._process, None
         if process is None:
             return
@@ -197,6 +279,11 @@ class KernelGateway:
     def _command(self) -> list[str]:
         return [
             sys.executable,
+            # Isolated: the working directory, which kernel code can write, is not on sys.path
+            # and PYTHON* variables (e.g. a PYTHONPATH meant for kernels) are ignored; unbuffered
+            # so that its log lines arrive as written.
+            "-I",
+            "-u",
             "-m",
             "ipybox.kernel_mgr._gateway_main",
             f"--KernelGatewayApp.ip={self.host}",
@@ -207,6 +294,9 @@ class KernelGateway:
             "--KernelManager.transport_encryption=auto",
             # Agents read all output; the notebook's output throttling would drop some.
             "--ZMQChannelsWebsocketConnection.limit_rate=False",
+            # A sandboxed kernel has no network namespace of its own to share: Unix sockets in
+            # the private runtime folder, which is bound into the sandbox, reach it.
+            *(["--KernelManager.transport=ipc"] if self.sandbox else []),
         ]
 
     def _gateway_env(self) -> dict[str, str]:
@@ -214,17 +304,85 @@ class KernelGateway:
         # the gateway for a kernel that inherits it, so the gateway gets only what it needs
         # to run, never the application's secrets.
         env = {key: value for key, value in os.environ.items() if key in _GATEWAY_ENV_KEYS}
-        env.update(self.env)
+        assert self._jupyter_dir is not None
+        kernel_env = dict(self.env)
+        if self.sandbox:
+            # srt (run by the gateway) and the kernel keep their temporary files, srt's proxy
+            # sockets among them, in the private folder that goes away with the gateway.
+            kernel_env["TMPDIR"] = str(self._jupyter_dir / "tmp")
+            kernel_env.setdefault("MPLCONFIGDIR", str(self._jupyter_dir / "tmp" / "matplotlib"))
+            # IPython's and Jupyter's folders are private too: startup files or kernel specs
+            # written to the user's own would run unsandboxed in the user's other sessions.
+            kernel_env["IPYTHONDIR"] = str(self._jupyter_dir / "tmp" / "ipython")
+            kernel_env["JUPYTER_CONFIG_DIR"] = str(self._jupyter_dir / "tmp" / "jupyter-config")
+            kernel_env["JUPYTER_DATA_DIR"] = str(self._jupyter_dir / "tmp" / "jupyter-data")
+            # Sandboxed kernels cannot see the gateway: they watch the lock it holds (_gateway_main).
+            kernel_env["IPYBOX_EXIT_WITH_GATEWAY"] = str(self._jupyter_dir / "runtime" / "gateway.lock")
+        env.update(kernel_env)
         # The gateway hands a kernel PATH plus the variables whitelisted here when the
         # create request carries an "env" object (KernelClient always sends one).
-        env["KG_ENV_PROCESS_WHITELIST"] = ",".join(self.env)
+        env["KG_ENV_PROCESS_WHITELIST"] = ",".join(kernel_env)
         env["PYTHONUNBUFFERED"] = "1"
-        assert self._jupyter_dir is not None
+        env.update(self._limits.gateway_env())
+        if self.sandbox:
+            env["IPYBOX_GATEWAY_LOCK"] = str(self._jupyter_dir / "runtime" / "gateway.lock")
         env["JUPYTER_PATH"] = str(self._jupyter_dir)
         env["JUPYTER_RUNTIME_DIR"] = str(self._jupyter_dir / "runtime")
         if self.auth_token:
             env["KG_AUTH_TOKEN"] = self.auth_token  # in the environment: argv is world-readable
         return env
+
+    def _write_kernel_spec(self, jupyter_dir: Path) -> None:
+        """Write the kernel spec of ipybox kernels (and the sandbox's settings) to `jupyter_dir`.
+
+        Kernels run this interpreter's ipykernel with `_KERNEL_ARGS`, inside srt when sandboxed.
+        IPython's history database is turned off: agents do not read it, and writing it costs
+        a few ms on every execution.
+        """
+        spec_dir = jupyter_dir / "kernels" / _KERNEL_NAME
+        spec_dir.mkdir(parents=True)
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *_KERNEL_ARGS]
+        spec: dict[str, object] = {
+            "display_name": "Python 3 (ipybox)",
+            "language": "python",
+            # Kernel channels are ZMQ sockets on localhost: encrypt them (CurveZMQ) so that
+            # other local users cannot read or inject kernel messages.
+            "metadata": {"debugger": False, "supported_encryption": ["curve"]},
+        }
+        if self.sandbox:
+            # In its own PID namespace the kernel's parent is PID 1, which ipykernel's parent
+            # poller takes for "the parent exited"; bwrap ends the kernel with srt instead.
+            argv = self._sandboxed(jupyter_dir, [*argv, "--IPKernelApp.parent_handle=0"])
+            # bwrap forwards no signals to the kernel: interrupt it with a control message.
+            spec["interrupt_mode"] = "message"
+        spec["argv"] = self._limits.launcher(argv)
+        (spec_dir / "kernel.json").write_text(json.dumps(spec))
+
+    def _sandboxed(self, jupyter_dir: Path, argv: list[str]) -> list[str]:
+        private = [jupyter_dir / "runtime", jupyter_dir / "tmp"]
+        for path in private:
+            path.mkdir()
+        registry_dir = default_registry_path().parent
+        # A folder that does not exist cannot be protected: srt skips it, and the kernel could create it.
+        registry_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        socket = self.env.get("TOOL_SERVER_SOCKET")
+        settings_file = jupyter_dir / "srt-settings.json"
+        settings = _sandbox.sandbox_settings(
+            self._sandbox_config,
+            working_dir=self.working_dir,
+            private_dirs=private,
+            # Besides ipybox's own files: what trusted programs read from the working directory
+            # as configuration (srt blocks creating them too).
+            protected=[
+                registry_dir,
+                jupyter_dir / "kernels",
+                settings_file,
+                *(self.working_dir / name for name in _sandbox.TRUSTED_WORKSPACE_FILES),
+            ],
+            tool_socket=Path(socket) if socket else None,
+        )
+        settings_file.write_text(json.dumps(settings, indent=2))
+        return _sandbox.wrap(self._srt, settings_file, argv, jupyter_dir / "tmp")
 
     async def _read_output(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
@@ -285,34 +443,9 @@ _GATEWAY_ENV_KEYS = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "SYSTEMROOT"}
 )
 _KERNEL_NAME = "ipybox-python"
-
-
-def _write_kernel_spec() -> Path:
-    """Write the kernel spec of ipybox kernels to a fresh folder for the gateway's JUPYTER_PATH.
-
-    Kernels run this interpreter's ipykernel with `_KERNEL_ARGS`. IPython's history database
-    is turned off: agents do not read it, and writing it costs a few ms on every execution.
-    """
-    jupyter_dir = Path(tempfile.mkdtemp(prefix="ipybox-jupyter-"))
-    spec_dir = jupyter_dir / "kernels" / _KERNEL_NAME
-    spec_dir.mkdir(parents=True)
-    spec = {
-        "argv": [
-            sys.executable,
-            "-m",
-            "ipykernel_launcher",
-            "-f",
-            "{connection_file}",
-            *_KERNEL_ARGS,
-        ],
-        "display_name": "Python 3 (ipybox)",
-        "language": "python",
-        # Kernel channels are ZMQ sockets on localhost: encrypt them (CurveZMQ) so that
-        # other local users cannot read or inject kernel messages.
-        "metadata": {"debugger": False, "supported_encryption": ["curve"]},
-    }
-    (spec_dir / "kernel.json").write_text(json.dumps(spec))
-    return jupyter_dir
+# Variables that make the gateway or srt (outside the sandbox) load code.
+_LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
+_LOADER_ENV_KEYS = frozenset({"NODE_OPTIONS", "NODE_PATH", "BASH_ENV"})
 
 
 _KERNEL_ARGS = [

@@ -42,6 +42,10 @@ _SESSION_MARKER_ENV = "IPYBOX_MCP_SESSION"
 _GROUP_KILL_GRACE = 2.0
 _HTTP_TIMEOUT = 30.0
 _HTTP_READ_TIMEOUT = 300.0
+_END_REASON_WAIT = 1.0
+# A tool result of the tool server's default limit (32 MiB) fits, with room for the JSON-RPC
+# envelope; the tool server checks its own limit once the result has arrived.
+DEFAULT_MAX_MESSAGE_SIZE = 33 * 1024 * 1024
 
 
 class _EofWatchingStream:
@@ -95,14 +99,21 @@ class MCPSession:
         server_name: The application's name for the server (used in messages).
         params: The resolved server parameters.
         connect_timeout: Seconds the server has to start and complete the MCP handshake.
+        max_message_size: Bytes one message from a streamable HTTP server may have when it
+            comes as a server-sent event (the SDK's default is 1 MiB); ``None`` for no limit.
     """
 
     def __init__(
-        self, server_name: str, params: StdioParams | HttpParams, connect_timeout: float = 30
+        self,
+        server_name: str,
+        params: StdioParams | HttpParams,
+        connect_timeout: float = 30,
+        max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE,
     ) -> None:
         self.server_name = server_name
         self.params = params
         self.connect_timeout = connect_timeout
+        self.max_message_size = max_message_size
         self._owner: asyncio.Task[None] | None = None
         self._ready: asyncio.Future[None] | None = None
         self._stop = anyio.Event()
@@ -110,6 +121,8 @@ class MCPSession:
         self._broken = False
         self._closing = False
         self._marker = uuid.uuid4().hex
+        # Why an established connection ended, when it ended with an error.
+        self._end_error: BaseException | None = None
         self._connect_scope = anyio.CancelScope()
 
     @property
@@ -167,17 +180,36 @@ class MCPSession:
             MCPServerError: The tool reported an error (with the server's message), the server
                 answered with a protocol error, or it went away while the call was running.
         """
+        result = await self.call_tool_content(tool_name, tool_args)
+        if result.structured_content is not None:
+            return dict(result.structured_content)
+        return _text(result)
+
+    async def call_tool_content(self, tool_name: str, tool_args: dict[str, Any]) -> CallToolResult:
+        """Call a tool and return its whole result: every content part and the structured content.
+
+        Args:
+            tool_name: The tool's name.
+            tool_args: Its arguments.
+
+        Raises:
+            MCPServerError: As for `call_tool`.
+        """
         client = self._connected(tool_name)
         try:
             result = await client.call_tool(tool_name, tool_args)
         except Exception as exc:
-            raise self._translate(exc, tool_name) from exc
+            error = self._translate(exc, tool_name)
+            if self._broken and self._end_error is None and self._owner is not None:
+                # The connection broke: the owner task is ending with the reason (e.g. a message
+                # over the transport's size limit); wait briefly so the error can say it.
+                await asyncio.wait({self._owner}, timeout=_END_REASON_WAIT)
+                error = self._translate(exc, tool_name)
+            raise error from exc
         if result.is_error:
             message = _text(result) or "the tool reported an error without a message"
             raise MCPServerError(message, self.server_name, tool_name)
-        if result.structured_content is not None:
-            return dict(result.structured_content)
-        return _text(result)
+        return result
 
     async def list_tools(self) -> list[Tool]:
         """List every tool the server offers (all pages).
@@ -213,6 +245,14 @@ class MCPSession:
         return client
 
     def _translate(self, exc: Exception, tool_name: str) -> MCPServerError:
+        if isinstance(exc, MCPError) and "byte limit" in exc.message:
+            # Streamable HTTP: one answer was over the SSE event limit; the session is fine.
+            return MCPServerError(
+                f"MCP server {self.server_name!r} answered {_what(tool_name)} with a message too large to "
+                f"receive: {exc.message}{_size_hint(exc)}.",
+                self.server_name,
+                tool_name or None,
+            )
         if isinstance(exc, MCPError) and exc.code != CONNECTION_CLOSED:
             return MCPServerError(
                 f"MCP server {self.server_name!r} answered {_what(tool_name)} with an error: {exc.message}",
@@ -236,7 +276,12 @@ class MCPSession:
         )
 
     def _gone_error(self, tool_name: str) -> MCPServerError:
-        if self._broken:
+        if self._broken and self._end_error is not None:
+            message = (
+                f"The connection to MCP server {self.server_name!r} failed while {_what(tool_name)} was running: "
+                f"{_describe(self._end_error)}{_size_hint(self._end_error)}; {self._restart_hint()}."
+            )
+        elif self._broken:
             message = (
                 f"MCP server {self.server_name!r} went away while {_what(tool_name)} was running (it crashed, "
                 f"exited or closed the connection); {self._restart_hint()}."
@@ -292,6 +337,7 @@ class MCPSession:
                 error.__cause__ = exc
                 _fail(ready, error)
             else:
+                self._end_error = exc
                 logger.warning(
                     "Session to MCP server %r ended with an error: %s", self.server_name, _describe(exc)
                 )
@@ -336,7 +382,7 @@ class MCPSession:
             return stdio_client(server, errlog=sys.stderr)
         if params.transport == "sse":
             return sse_client(params.url, headers=dict(params.headers), timeout=self.connect_timeout)
-        return _streamable_http(params.url, params.headers)
+        return _streamable_http(params.url, params.headers, self.max_message_size)
 
 
 class _EnteredTransport(contextlib.AbstractAsyncContextManager[Any]):
@@ -355,11 +401,15 @@ class _EnteredTransport(contextlib.AbstractAsyncContextManager[Any]):
 
 
 @contextlib.asynccontextmanager
-async def _streamable_http(url: str, headers: Mapping[str, str]) -> AsyncIterator[Any]:
+async def _streamable_http(
+    url: str, headers: Mapping[str, str], max_message_size: int | None
+) -> AsyncIterator[Any]:
     # The MCP SDK's own defaults: a server may hold a response stream open for minutes.
     timeout = httpx2.Timeout(_HTTP_TIMEOUT, read=_HTTP_READ_TIMEOUT)
     async with httpx2.AsyncClient(headers=dict(headers), timeout=timeout) as http_client:
-        async with streamable_http_client(url, http_client=http_client) as streams:
+        async with streamable_http_client(
+            url, http_client=http_client, max_sse_event_size=max_message_size
+        ) as streams:
             yield streams
 
 
@@ -396,6 +446,15 @@ async def _kill_process_group(pgid: int) -> None:
 def _text(result: CallToolResult) -> str | None:
     texts = [item.text for item in result.content if isinstance(item, TextContent)]
     return "\n".join(texts) if texts else None
+
+
+def _size_hint(exc: BaseException) -> str:
+    if "byte limit" not in _describe(exc):
+        return ""
+    return (
+        " (the result is larger than one MCP message may be on this transport: up to the tool "
+        "server's max_result_size plus 1 MiB over streamable HTTP, 1 MiB over SSE, which the MCP SDK fixes)"
+    )
 
 
 def _what(tool_name: str) -> str:

@@ -1,23 +1,40 @@
 """Calls MCP tools through a tool server; imported inside every kernel by generated code.
 
-Only the standard library is imported at module level (``httpx`` only when the async API
-is used), so importing this module in a fresh kernel is cheap. The synchronous path keeps
-one HTTP/1.1 keep-alive connection per runner, on a plain socket.
+Only the standard library is imported, so importing this module in a fresh kernel is cheap.
+The blocking API keeps one HTTP/1.1 keep-alive connection per runner, on a plain socket; the
+async API keeps a pool of them on asyncio streams, one per call in flight, so calls gathered
+in the kernel run concurrently.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
 import select
 import socket
 import sys
 import threading
+from collections.abc import AsyncIterator
 from typing import Any
 
 from ipybox.errors import ToolCallOutcome, ToolRunnerError
+from ipybox.tool_exec.content import ToolContent, from_json
 
-__all__ = ["ToolRunner", "ToolRunnerError", "request_approval", "run_tool"]
+__all__ = [
+    "ToolContent",
+    "ToolRunner",
+    "ToolRunnerError",
+    "arun_tool",
+    "arun_tool_content",
+    "request_approval",
+    "run_tool",
+    "run_tool_content",
+]
+
+# Idle connections the async API keeps per runner; more calls in flight open more.
+_MAX_IDLE = 128
 
 _KINDS: frozenset[str] = frozenset({"rejected", "expired", "failed"})
 
@@ -47,6 +64,9 @@ class ToolRunner:
         proxy: An ``http://host:port`` proxy to reach the tool server through (a sandboxed
             kernel may have no other way out); by default the ``TOOL_SERVER_PROXY`` environment
             variable, if set.
+        socket_path: A Unix socket the tool server listens on, used in place of `host` and
+            `port` (how a sandboxed kernel reaches it); by default the ``TOOL_SERVER_SOCKET``
+            environment variable, if set.
 
     Raises:
         ValueError: ``proxy`` is not an ``http://`` URL.
@@ -63,6 +83,7 @@ class ToolRunner:
         connect_timeout: float = 10,
         read_timeout: float = 3600,
         proxy: str | None = None,
+        socket_path: str | None = None,
     ) -> None:
         self.server_name = server_name
         self.server_params = server_params
@@ -72,7 +93,12 @@ class ToolRunner:
         self.read_timeout = read_timeout
         token = token if token is not None else os.environ.get("TOOL_SERVER_TOKEN")
         self.proxy = (proxy if proxy is not None else os.environ.get("TOOL_SERVER_PROXY")) or None
-        self._address = _proxy_address(self.proxy) if self.proxy else (host, port)
+        self.socket_path = (
+            socket_path if socket_path is not None else os.environ.get("TOOL_SERVER_SOCKET")
+        ) or None
+        self._address: tuple[str, int] | str = self.socket_path or (
+            _proxy_address(self.proxy) if self.proxy else (host, port)
+        )
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -84,8 +110,9 @@ class ToolRunner:
         self._lock = threading.Lock()
         self._connection: _Connection | None = None
         self._heads: dict[str, bytes] = {}
-        self._async_client: Any = None
-        self._async_loop: Any = None
+        self._idle: list[_AsyncConnection] = []
+        self._idle_loop: asyncio.AbstractEventLoop | None = None
+        self._loop_guard: AsyncIterator[None] | None = None
 
     def run_sync(self, tool_name: str, tool_args: dict[str, Any]) -> dict[str, Any] | str | None:
         """Run a tool and wait for its result (blocking).
@@ -120,9 +147,48 @@ class ToolRunner:
         Raises:
             ToolRunnerError: The call was rejected, expired or failed.
         """
+        __tracebackhide__ = True
         body = self._body(tool_name, tool_args)
         status, data = await self._request_async("POST", "/run", body, tool_name)
         return self._result(status, data, tool_name)
+
+    def run_content_sync(self, tool_name: str, tool_args: dict[str, Any]) -> ToolContent:
+        """Run a tool and return everything it returned: text, images, audio, resources (blocking).
+
+        Args:
+            tool_name: Name of the tool.
+            tool_args: Arguments to pass to the tool, converted as for `run_sync`.
+
+        Returns:
+            Every content part, typed, and the structured content.
+
+        Raises:
+            ToolRunnerError: The call was rejected, expired or failed (also when the result is
+                over the tool server's size limit).
+        """
+        __tracebackhide__ = True
+        body = self._body(tool_name, tool_args, content=True)
+        status, data = self._request_sync("POST", "/run", body, tool_name)
+        return self._content(status, data, tool_name)
+
+    async def run_content(self, tool_name: str, tool_args: dict[str, Any]) -> ToolContent:
+        """Run a tool and return everything it returned: text, images, audio, resources.
+
+        Args:
+            tool_name: Name of the tool.
+            tool_args: Arguments to pass to the tool, converted as for `run`.
+
+        Returns:
+            Every content part, typed, and the structured content.
+
+        Raises:
+            ToolRunnerError: The call was rejected, expired or failed (also when the result is
+                over the tool server's size limit).
+        """
+        __tracebackhide__ = True
+        body = self._body(tool_name, tool_args, content=True)
+        status, data = await self._request_async("POST", "/run", body, tool_name)
+        return self._content(status, data, tool_name)
 
     def reset_sync(self) -> None:
         """Reset the tool server: close every MCP server it started (blocking).
@@ -150,10 +216,11 @@ class ToolRunner:
     async def aclose(self) -> None:
         """Close every kept connection, of the blocking and the async API (a later call opens a new one)."""
         self.close()
-        client, self._async_client = self._async_client, None
-        self._async_loop = None
-        if client is not None:
-            await client.aclose()
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            connection.close()
+        for connection in idle:
+            await connection.wait_closed()
 
     def __enter__(self) -> ToolRunner:
         return self
@@ -167,7 +234,7 @@ class ToolRunner:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    def _body(self, tool_name: str, tool_args: dict[str, Any]) -> bytes:
+    def _body(self, tool_name: str, tool_args: dict[str, Any], content: bool = False) -> bytes:
         __tracebackhide__ = True
         try:
             args = json.dumps(tool_args, default=_to_json)
@@ -178,7 +245,8 @@ class ToolRunner:
                 self.server_name,
                 tool_name,
             ) from exc
-        return f'{self._body_head}{json.dumps(tool_name)}, "tool_args": {args}}}'.encode()
+        tail = ', "content": true}' if content else "}"
+        return f'{self._body_head}{json.dumps(tool_name)}, "tool_args": {args}{tail}'.encode()
 
     def _request_sync(self, method: str, path: str, body: bytes, tool_name: str) -> tuple[int, bytes]:
         __tracebackhide__ = True
@@ -240,7 +308,7 @@ class ToolRunner:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _head(self, method: str, path: str) -> bytes:
-        target = f"http://{self.host}:{self.port}{path}" if self.proxy else path
+        target = f"http://{self.host}:{self.port}{path}" if self.proxy and not self.socket_path else path
         lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host}:{self.port}", "Accept: application/json"]
         lines += [f"{name}: {value}" for name, value in self._headers.items()]
         return ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
@@ -251,34 +319,103 @@ class ToolRunner:
             self._connection = None
 
     async def _request_async(self, method: str, path: str, body: bytes, tool_name: str) -> tuple[int, bytes]:
-        import asyncio
+        __tracebackhide__ = True
+        head = self._heads.get(method + path)
+        if head is None:
+            head = self._heads[method + path] = self._head(method, path)
+        request = head + str(len(body)).encode() + b"\r\n\r\n" + body
+        for attempt in (1, 2):
+            connection, reused = await self._acquire(tool_name)
+            try:
+                try:
+                    await connection.send(request)
+                except (BrokenPipeError, ConnectionResetError) as exc:
+                    # As in the blocking API: only a failed send on a kept connection is sent again.
+                    connection.abort()
+                    if reused and attempt == 1:
+                        continue
+                    raise self._unreachable(tool_name, exc) from exc
+                async with asyncio.timeout(self.read_timeout):
+                    status, data, close = await connection.receive()
+            except (
+                _ClosedBeforeAnswer,
+                asyncio.IncompleteReadError,
+                BrokenPipeError,
+                ConnectionResetError,
+            ) as exc:
+                connection.abort()
+                raise ToolRunnerError(
+                    f"{self._what(tool_name)} failed: the tool server at {self.host}:{self.port} closed the "
+                    f"connection after the request was sent ({exc}); it may or may not have run, so it was "
+                    "not sent again. Check its effect before calling it again.",
+                    "failed",
+                    self.server_name,
+                    tool_name,
+                ) from exc
+            except TimeoutError as exc:
+                connection.abort()
+                raise ToolRunnerError(
+                    f"{self._what(tool_name)} failed: the tool server did not answer within "
+                    f"{self.read_timeout:g} s.",
+                    "failed",
+                    self.server_name,
+                    tool_name,
+                ) from exc
+            except (OSError, ValueError, asyncio.LimitOverrunError) as exc:
+                connection.abort()
+                raise self._unreachable(tool_name, exc) from exc
+            except BaseException:
+                # Cancelled (or interrupted) mid-call: the answer may still come, so the
+                # connection cannot serve another call.
+                connection.abort()
+                raise
+            if close or len(self._idle) >= _MAX_IDLE:
+                connection.close()
+            else:
+                self._idle.append(connection)
+            return status, data
+        raise AssertionError("unreachable")  # pragma: no cover
 
-        import httpx
-
-        loop = asyncio.get_running_loop()
-        if self._async_client is None or self._async_loop is not loop:
-            self._async_client = httpx.AsyncClient(
-                base_url=f"http://{self.host}:{self.port}",
-                timeout=httpx.Timeout(self.read_timeout, connect=self.connect_timeout),
-                trust_env=False,
-                proxy=self.proxy,
-                # No cap on connections: calls gathered in the kernel may wait on each other
-                # (an approval, a tool that needs its siblings), so a queue could deadlock them.
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=32),
-            )
-            self._async_loop = loop
+    async def _close_idle_at_loop_end(self) -> AsyncIterator[None]:
         try:
-            response = await self._async_client.request(method, path, content=body, headers=self._headers)
-        except httpx.TimeoutException as exc:
-            raise ToolRunnerError(
-                f"{self._what(tool_name)} failed: the tool server did not answer in time ({exc!r}).",
-                "failed",
-                self.server_name,
-                tool_name,
+            yield
+        finally:
+            if self._idle_loop is asyncio.get_running_loop():
+                self._drop_idle()
+                self._idle_loop = None
+
+    def _drop_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for connection in idle:
+            with contextlib.suppress(RuntimeError):  # its event loop is already closed
+                connection.abort()
+
+    async def _acquire(self, tool_name: str) -> tuple[_AsyncConnection, bool]:
+        """An idle kept connection of this event loop (``True``), else a new one (``False``)."""
+        __tracebackhide__ = True
+        loop = asyncio.get_running_loop()
+        if self._idle_loop is not loop:
+            # Connections of another event loop cannot be used from this one.
+            self._drop_idle()
+            self._idle_loop = loop
+            # The loop closes this generator when it shuts down (asyncio.run does), while it
+            # can still close the idle connections: a closed loop no longer can.
+            self._loop_guard = self._close_idle_at_loop_end()
+            await anext(self._loop_guard)
+        while self._idle:
+            connection = self._idle.pop()
+            if not connection.stale():
+                return connection, True
+            connection.abort()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                return await _AsyncConnection.open(self._address), False
+        except TimeoutError as exc:
+            raise self._unreachable(
+                tool_name, TimeoutError(f"no connection within {self.connect_timeout:g} s")
             ) from exc
-        except httpx.HTTPError as exc:
+        except OSError as exc:
             raise self._unreachable(tool_name, exc) from exc
-        return response.status_code, response.content
 
     def _result(self, status: int, data: bytes, tool_name: str) -> dict[str, Any] | str | None:
         __tracebackhide__ = True
@@ -294,6 +431,22 @@ class ToolRunner:
                     tool_name,
                 ) from exc
             return result
+        raise self._error(status, data, tool_name)
+
+    def _content(self, status: int, data: bytes, tool_name: str) -> ToolContent:
+        __tracebackhide__ = True
+        if status == 200:
+            try:
+                answer = json.loads(data)
+                return from_json(answer["content"], answer.get("structured"))
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ToolRunnerError(
+                    f"Tool call {self.server_name}.{tool_name} failed: the tool server's answer is not valid "
+                    f"({exc}; {data[:200]!r}).",
+                    "failed",
+                    self.server_name,
+                    tool_name,
+                ) from exc
         raise self._error(status, data, tool_name)
 
     def _check_reset(self, status: int, data: bytes) -> None:
@@ -337,9 +490,18 @@ class _Connection:
     (``Content-Length`` or chunked bodies), so a few lines read them.
     """
 
-    def __init__(self, address: tuple[str, int], connect_timeout: float, read_timeout: float) -> None:
-        self.sock = socket.create_connection(address, timeout=connect_timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, address: tuple[str, int] | str, connect_timeout: float, read_timeout: float) -> None:
+        if isinstance(address, str):  # a Unix socket's path
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.sock.settimeout(connect_timeout)
+                self.sock.connect(address)
+            except BaseException:
+                self.sock.close()
+                raise
+        else:
+            self.sock = socket.create_connection(address, timeout=connect_timeout)
+            self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(read_timeout)
         self.buffer = bytearray()
 
@@ -423,6 +585,92 @@ class _Connection:
         return b"".join(chunks)
 
 
+class _AsyncConnection:
+    """One kept-alive HTTP/1.1 connection to the tool server, on asyncio streams.
+
+    Reads answers as `_Connection` does. ``address`` is ``(host, port)`` or the path of a
+    Unix socket.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, address: tuple[str, int] | str) -> _AsyncConnection:
+        if isinstance(address, str):
+            reader, writer = await asyncio.open_unix_connection(address)
+        else:
+            # asyncio sets TCP_NODELAY on TCP connections itself.
+            reader, writer = await asyncio.open_connection(*address)
+        return cls(reader, writer)
+
+    def stale(self) -> bool:
+        """Whether the idle connection was closed by the server (EOF seen, or readable now)."""
+        if self.reader.at_eof() or self.writer.is_closing():
+            return True
+        sock = self.writer.get_extra_info("socket")
+        if sock is None:
+            return False
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+    def close(self) -> None:
+        self.writer.close()
+
+    def abort(self) -> None:
+        """Drop the connection now, with whatever it still has to send or receive."""
+        transport = self.writer.transport
+        transport.abort()
+
+    async def wait_closed(self) -> None:
+        try:
+            await self.writer.wait_closed()
+        except OSError:
+            pass
+
+    async def send(self, request: bytes) -> None:
+        self.writer.write(request)
+        await self.writer.drain()
+
+    async def receive(self) -> tuple[int, bytes, bool]:
+        """Read the response to the request sent: ``(status, body, server_closes)``."""
+        reader = self.reader
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+        except asyncio.IncompleteReadError as exc:
+            if exc.partial:
+                raise ConnectionResetError("the tool server closed the connection mid-answer") from exc
+            raise _ClosedBeforeAnswer("the tool server closed the connection") from exc
+        lines = head[:-4].split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        length = -1
+        chunked = close = False
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                close = value.strip().lower() == b"close"
+        if chunked:
+            chunks = []
+            while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
+                chunks.append(await reader.readexactly(size))
+                await reader.readexactly(2)
+            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, up to the empty line
+                pass
+            return status, b"".join(chunks), close
+        if length >= 0:
+            return status, await reader.readexactly(length), close
+        return status, await reader.read(), True
+
+
 def _proxy_address(proxy: str) -> tuple[str, int]:
     if not proxy.startswith("http://"):
         raise ValueError(f"Only http:// proxies can reach the tool server, not {proxy!r}.")
@@ -457,7 +705,7 @@ def _to_json(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-_runners: dict[tuple[str, str, int, str | None, str | None], ToolRunner] = {}
+_runners: dict[tuple[str, str, int, str | None, str | None, str | None], ToolRunner] = {}
 _runners_lock = threading.Lock()
 
 
@@ -482,6 +730,38 @@ def run_tool(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> dic
     """
     __tracebackhide__ = True
     return _runner(server_name).run_sync(tool_name, tool_args)
+
+
+def run_tool_content(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> ToolContent:
+    """Like `run_tool`, but returns every content part, typed, and the structured content.
+
+    Raises:
+        ToolRunnerError: The call was rejected, expired or failed.
+    """
+    __tracebackhide__ = True
+    return _runner(server_name).run_content_sync(tool_name, tool_args)
+
+
+async def arun_tool(
+    server_name: str, tool_name: str, tool_args: dict[str, Any]
+) -> dict[str, Any] | str | None:
+    """Like `run_tool`, but async: calls gathered together run concurrently on the tool server.
+
+    Raises:
+        ToolRunnerError: The call was rejected, expired or failed.
+    """
+    __tracebackhide__ = True
+    return await _runner(server_name).run(tool_name, tool_args)
+
+
+async def arun_tool_content(server_name: str, tool_name: str, tool_args: dict[str, Any]) -> ToolContent:
+    """Like `run_tool_content`, but async (see `arun_tool`).
+
+    Raises:
+        ToolRunnerError: The call was rejected, expired or failed.
+    """
+    __tracebackhide__ = True
+    return await _runner(server_name).run_content(tool_name, tool_args)
 
 
 def request_approval(tool_name: str, tool_args: dict[str, Any]) -> None:
@@ -511,13 +791,20 @@ def _runner(server_name: str) -> ToolRunner:
     port = int(environ.get("TOOL_SERVER_PORT") or 8900)
     token = environ.get("TOOL_SERVER_TOKEN")
     proxy = environ.get("TOOL_SERVER_PROXY") or None
-    key = (server_name, host, port, token, proxy)
+    socket_path = environ.get("TOOL_SERVER_SOCKET") or None
+    key = (server_name, host, port, token, proxy, socket_path)
     runner = _runners.get(key)
     if runner is None:
         with _runners_lock:
             runner = _runners.get(key)
             if runner is None:
                 runner = _runners[key] = ToolRunner(
-                    server_name, {}, host, port, token=token or "", proxy=proxy or ""
+                    server_name,
+                    {},
+                    host,
+                    port,
+                    token=token or "",
+                    proxy=proxy or "",
+                    socket_path=socket_path or "",
                 )
     return runner

@@ -2,12 +2,15 @@
 
 Endpoints:
 
-- ``POST /run`` with ``{"server_name", "tool_name", "tool_args", "server_params"?}`` answers
-  ``{"result": ...}``, or an error with a real status code and the body
+- ``POST /run`` with ``{"server_name", "tool_name", "tool_args", "server_params"?,
+  "content"?}`` answers ``{"result": ...}`` (the structured content, else the text parts
+  joined), or with ``"content": true`` ``{"content": [MCP content blocks], "structured": ...}``;
+  or an error with a real status code and the body
   ``{"error": {"kind": "rejected" | "expired" | "failed", "message": "..."}}``: 400 malformed
   request or parameters, 401 missing or wrong token, 403 rejected by the application or
   ``server_params`` refused (secured mode), 404 server not registered, 502 the MCP server
-  failed (could not start, tool error, crash), 503 no approval client, 504 approval expired.
+  failed (could not start, tool error, crash) or the result is over ``max_result_size``,
+  503 no approval client, 504 approval expired.
 - ``POST /approve`` with ``{"server_name": "ipybox", "tool_name", "tool_args"}`` only asks the
   application for a decision, for what the kernel runs itself (shell commands); it answers
   ``{"result": null}`` once accepted, or an error as ``/run`` does.
@@ -25,9 +28,18 @@ import json
 import logging
 import socket
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
+from mcp.types import (
+    AudioContent,
+    ContentBlock,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+    TextResourceContents,
+)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -47,7 +59,11 @@ from ipybox.tool_exec.approval.server import (
     NoApprovalClientError,
 )
 
-__all__ = ["ToolServer"]
+__all__ = ["DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
+
+DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
+# What an MCP message may carry besides the result itself (JSON-RPC envelope, escapes).
+_ENVELOPE_ALLOWANCE = 1024 * 1024
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +77,8 @@ class _RunRequest(BaseModel):
     tool_name: str = Field(min_length=1)
     tool_args: dict[str, Any] = Field(default_factory=dict)
     server_params: dict[str, Any] | None = None
+    # Whether the answer carries every content part and the structured content (``run_content``).
+    content: bool = False
 
 
 class _ToolCallError(Exception):
@@ -149,6 +167,12 @@ class ToolServer:
         approval_secret: Bearer secret required to connect to ``/approval``.
         approve_tool_calls: With ``approval_required``, whether ``/run`` asks for approval;
             ``False`` lets tool calls through unasked while ``/approve`` still asks.
+        uds: Also listen on a Unix socket at this path (a sandboxed kernel has no network
+            to reach the TCP port through); the file is created with mode ``0600`` and removed
+            on `stop()`.
+        max_result_size: Bytes one tool result may have as the JSON answer to the kernel (binary
+            content counts as its base64); a larger result fails that call with an error naming
+            the limit, and the tool server and the kernel carry on.
     """
 
     def __init__(
@@ -165,8 +189,14 @@ class ToolServer:
         token: str | None = None,
         approval_secret: str | None = None,
         approve_tool_calls: bool = True,
+        uds: Path | str | None = None,
+        max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
     ) -> None:
+        if max_result_size <= 0:
+            raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
         self.host = host
+        self.uds = Path(uds) if uds is not None else None
+        self.max_result_size = max_result_size
         self._port = port
         self.approval_required = approval_required
         self.approval_timeout = approval_timeout
@@ -219,6 +249,13 @@ class ToolServer:
             _log_to_stderr_unless_configured(self.log_level)
         sock = _bind(self.host, self._port)
         self._port = sock.getsockname()[1]
+        sockets = [sock]
+        if self.uds is not None:
+            try:
+                sockets.append(_bind_unix(self.uds))
+            except BaseException:
+                sock.close()
+                raise
         config = uvicorn.Config(
             self,
             # No log_config or log_level: uvicorn then leaves the logging configuration alone.
@@ -232,14 +269,16 @@ class ToolServer:
             timeout_graceful_shutdown=5,
         )
         server = _Uvicorn(config)
-        serve_task = asyncio.create_task(server.serve(sockets=[sock]), name="ipybox-tool-server")
+        serve_task = asyncio.create_task(server.serve(sockets=sockets), name="ipybox-tool-server")
         self._server, self._serve_task = server, serve_task
         ready = asyncio.create_task(server.ready.wait())
         await asyncio.wait({ready, serve_task}, return_when=asyncio.FIRST_COMPLETED)
         if not ready.done():
             ready.cancel()
             self._server = self._serve_task = None
-            sock.close()
+            for bound in sockets:
+                bound.close()
+            self._unlink_uds()
             try:
                 await serve_task
             except BaseException as exc:
@@ -264,6 +303,12 @@ class ToolServer:
                 await serve_task
         # Sessions started by requests that were still running while the server shut down.
         await self.reset()
+        self._unlink_uds()
+
+    def _unlink_uds(self) -> None:
+        if self.uds is not None:
+            with contextlib.suppress(FileNotFoundError):
+                self.uds.unlink()
 
     async def join(self) -> None:
         """Wait until the HTTP server stops."""
@@ -358,12 +403,41 @@ class ToolServer:
             if self.approve_tool_calls:
                 await self._approve(body, call)
             session = await self._session(body.server_name, params, call)
-            result = await session.call_tool(body.tool_name, body.tool_args)
+            result = await session.call_tool_content(body.tool_name, body.tool_args)
         except _ToolCallError as exc:
             return _error(exc.status, exc.kind, exc.message)
         except MCPServerError as exc:
             return _error(502, "failed", f"Tool call {call} failed: {exc}")
-        return 200, _json({"result": result})
+        if body.content and (least := _least_size(result.content)) > self.max_result_size:
+            # Refused before it is serialised: no copies of a blob far over the limit.
+            return self._too_large(call, least, "at least ")
+        if body.content:
+            answer = _json(
+                {
+                    "content": [
+                        block.model_dump(mode="json", by_alias=True, exclude_none=True)
+                        for block in result.content
+                    ],
+                    "structured": result.structured_content,
+                }
+            )
+        elif result.structured_content is not None:
+            answer = _json({"result": result.structured_content})
+        else:
+            texts = [block.text for block in result.content if isinstance(block, TextContent)]
+            answer = _json({"result": "\n".join(texts) if texts else None})
+        if len(answer) > self.max_result_size:
+            return self._too_large(call, len(answer))
+        return 200, answer
+
+    def _too_large(self, call: str, size: int, qualifier: str = "") -> tuple[int, bytes]:
+        return _error(
+            502,
+            "failed",
+            f"Tool call {call} failed: its result is {qualifier}{_size(size)}, over the tool server's limit "
+            f"of {_size(self.max_result_size)} per result (ToolServer max_result_size); ask the tool for "
+            "less at a time (a smaller page, image or file).",
+        )
 
     def _authorized(self, authorization: bytes) -> bool:
         return self._expected_auth is None or hmac.compare_digest(authorization, self._expected_auth)
@@ -452,10 +526,27 @@ class ToolServer:
                 # Parameters from a request are the client's mistake; registered ones the application's.
                 status = 400 if self._registry is None else 500
                 raise _ToolCallError(status, "failed", f"Tool call {call} failed: {exc}") from exc
-            session = MCPSession(server_name, resolved, self.connect_timeout)
+            session = MCPSession(
+                server_name, resolved, self.connect_timeout, self.max_result_size + _ENVELOPE_ALLOWANCE
+            )
             await session.start()
             self._sessions[server_name] = (session, params)
             return session
+
+
+def _bind_unix(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        # Only the application's user may connect (a sandboxed kernel runs as that user);
+        # connecting needs write permission, which the umask never gives to others.
+        path.chmod(0o600)
+        sock.listen(128)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -466,12 +557,34 @@ def _bind(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
-        sock.listen(128)
+        # Calls gathered in a kernel open their connections all at once; a full backlog drops
+        # connection attempts, which the client's TCP retries only after a second.
+        sock.listen(1024)
         sock.setblocking(False)
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+def _least_size(content: list[ContentBlock]) -> int:
+    """A lower bound of the content's size as JSON: its texts and base64 data alone."""
+    size = 0
+    for block in content:
+        if isinstance(block, TextContent):
+            size += len(block.text)
+        elif isinstance(block, ImageContent | AudioContent):
+            size += len(block.data)
+        elif isinstance(block, EmbeddedResource):
+            resource = block.resource
+            size += len(resource.text if isinstance(resource, TextResourceContents) else resource.blob)
+    return size
+
+
+def _size(size: int) -> str:
+    if size >= 1024 * 1024:
+        return f"{size / (1024 * 1024):.1f} MiB ({size} bytes)"
+    return f"{size} bytes"
 
 
 _UNAUTHORIZED = (

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Starts the ipybox MCP server (stdio) for the codeact plugins of this repository's marketplace.
+#
+#   plugins/ipybox-mcp.sh default|sandbox|docker
+#
+# default  ipybox without a sandbox (code runs as you)
+# sandbox  ipybox --sandbox, with <workspace>/sandbox-config.json when that file exists
+# docker   the ipybox image (IPYBOX_IMAGE, default "ipybox"; build it with docker/build.sh)
+#
+# The workspace is IPYBOX_WORKSPACE, else the Claude Code project (CLAUDE_PROJECT_DIR), else the
+# current folder. ipybox runs from this checkout of the repository with its locked dependencies
+# (uv run); IPYBOX_COMMAND replaces that command (for example "uvx ipybox").
+# Everything this script says goes to stderr: stdout belongs to the MCP protocol.
+set -euo pipefail
+
+mode="${1:-default}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+workspace="${IPYBOX_WORKSPACE:-${CLAUDE_PROJECT_DIR:-$PWD}}"
+
+fail() {
+    echo "ipybox-mcp: $*" >&2
+    exit 1
+}
+
+[ -d "$workspace" ] || fail "the workspace '$workspace' is not a folder: set IPYBOX_WORKSPACE to an existing folder"
+
+ipybox_command() {
+    if [ -n "${IPYBOX_COMMAND:-}" ]; then
+        read -r -a cmd <<<"$IPYBOX_COMMAND"
+        return
+    fi
+    export PATH="$HOME/.local/bin:$HOME/.cargo/bin:$PATH"
+    command -v uv >/dev/null 2>&1 || fail "uv is not installed: install it (https://docs.astral.sh/uv/), or set IPYBOX_COMMAND to a command that runs ipybox"
+    cmd=(uv run --quiet --frozen --no-dev --project "$root" ipybox)
+}
+
+case "$mode" in
+    default)
+        ipybox_command
+        exec "${cmd[@]}" --workspace "$workspace"
+        ;;
+    sandbox)
+        ipybox_command
+        # srt at the version ipybox is tested with, installed into this checkout once (as
+        # scripts/setup.sh does in a clone); npm's output goes to stderr.
+        srt_dir="$root/scripts/srt"
+        if [ -z "${IPYBOX_COMMAND:-}" ] && [ -z "${IPYBOX_SRT:-}" ] && ! command -v srt >/dev/null 2>&1 \
+            && [ -f "$srt_dir/package.json" ] && [ ! -e "$srt_dir/node_modules/.bin/srt" ]; then
+            command -v npm >/dev/null 2>&1 || fail "the sandbox needs srt, which is installed with npm: install Node.js and npm, or use the codeact-default plugin"
+            (cd "$srt_dir" && npm ci --silent --no-audit --no-fund) >&2 || fail "npm ci in $srt_dir failed (see above)"
+        fi
+        args=(--workspace "$workspace" --sandbox)
+        # -s: a running sandboxed kernel keeps an empty placeholder there (the file is write-protected).
+        if [ -s "$workspace/sandbox-config.json" ]; then
+            args+=(--sandbox-config "$workspace/sandbox-config.json")
+        fi
+        exec "${cmd[@]}" "${args[@]}"
+        ;;
+    docker)
+        image="${IPYBOX_IMAGE:-ipybox}"
+        command -v docker >/dev/null 2>&1 || fail "docker is not installed; use the codeact-default or codeact-sandbox plugin instead"
+        docker image inspect "$image" >/dev/null 2>&1 \
+            || fail "the Docker image '$image' does not exist: build it once with $root/docker/build.sh"
+        exec docker run -i --rm \
+            -v "$workspace:/app/workspace" \
+            -v "${IPYBOX_STATE_VOLUME:-ipybox-state}:/app/state" \
+            "$image"
+        ;;
+    *)
+        fail "unknown mode '$mode': use default, sandbox or docker"
+        ;;
+esac

@@ -1,0 +1,200 @@
+"""The ``ipybox`` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+from ipybox.errors import IpyboxError
+from ipybox.mcp_server._server import Settings, SingleSession, build_server
+
+_DESCRIPTION = """\
+Run ipybox as an MCP server. An agent (Claude Code, Claude Desktop, any MCP client) gets
+tools to run Python in a stateful IPython kernel, to turn other MCP servers into Python
+modules it can call from that code, to install packages, to reset the kernel and to move
+files in and out of the workspace.
+
+By default the server talks MCP over stdin/stdout: add it to the agent's MCP configuration
+as the command `ipybox --workspace /path/to/project`. With --transport streamable-http it
+serves http://HOST:PORT/mcp instead; clients must send `Authorization: Bearer <token>`, the
+token being $IPYBOX_MCP_TOKEN or, if unset, one generated and printed at start. Each HTTP
+session gets its own kernel.
+"""
+
+_EPILOG = """\
+environment:
+  KERNEL_ENV_NAME=value   reaches the kernel as NAME=value (also read from WORKSPACE/.env);
+                          no other variable of the server's environment does, except HOME
+  ${VAR} in server_params of register_mcp_server is filled from the server's environment
+                          or WORKSPACE/.env, never shown to the kernel
+  IPYBOX_MCP_TOKEN        bearer token for --transport streamable-http
+
+examples:
+  ipybox --workspace ~/project
+  ipybox --workspace ~/project --transport streamable-http --port 8765
+"""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(
+        prog="ipybox",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--workspace",
+        type=Path,
+        default=Path("."),
+        metavar="DIR",
+        help="folder the kernel works in; generated tool modules go to DIR/mcptools (default: .)",
+    )
+    parser.add_argument(
+        "--sandbox",
+        action="store_true",
+        help="run the kernel in Anthropic's sandbox-runtime (no network except MCP tool calls)",
+    )
+    parser.add_argument(
+        "--sandbox-config",
+        type=Path,
+        metavar="FILE",
+        help="sandbox-runtime settings file (implies --sandbox)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="log level of ipybox's parts, written to stderr (default: WARNING)",
+    )
+    parser.add_argument(
+        "--transport",
+        choices=["stdio", "streamable-http"],
+        default="stdio",
+        help="how clients connect (default: stdio)",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on with streamable-http (default: 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=8000,
+        help="port to listen on with streamable-http; 0 picks a free one (default: 8000)",
+    )
+    parser.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="with streamable-http: another Host name clients may use (e.g. behind a proxy); repeatable",
+    )
+    parser.add_argument(
+        "--session-timeout",
+        type=float,
+        default=3600,
+        metavar="SECONDS",
+        help="with streamable-http: close a session (and stop its kernel) after this long without "
+        "requests; 0 never does (default: 3600)",
+    )
+    args = parser.parse_args(argv)
+    if args.sandbox_config is not None:
+        args.sandbox = True
+        if not args.sandbox_config.is_file():
+            parser.error(
+                f"--sandbox-config {args.sandbox_config}: no such file; give the path of a settings file."
+            )
+        args.sandbox_config = args.sandbox_config.resolve()
+    workspace: Path = args.workspace.expanduser()
+    if workspace.exists() and not workspace.is_dir():
+        parser.error(f"--workspace {workspace}: this is a file, not a folder.")
+    http_only = (
+        args.port != 8000 or args.host != "127.0.0.1" or args.allow_host or args.session_timeout != 3600
+    )
+    if args.transport == "stdio" and http_only:
+        parser.error(
+            "--host, --port, --allow-host and --session-timeout apply only with --transport streamable-http."
+        )
+    if args.session_timeout < 0 or not math.isfinite(args.session_timeout):
+        parser.error(f"--session-timeout {args.session_timeout:g}: give a number of seconds, or 0 for never.")
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port {args.port}: give a port between 1 and 65535, or 0 for a free one.")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the ``ipybox`` command."""
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, stream=sys.stderr, format="ipybox %(levelname)s %(name)s: %(message)s"
+    )
+    workspace: Path = args.workspace.expanduser()
+    workspace.mkdir(parents=True, exist_ok=True)
+    workspace = workspace.resolve()
+    # `${VAR}` substitution reads `.env` from the working directory: the workspace's.
+    os.chdir(workspace)
+    settings = Settings(
+        workspace=workspace,
+        sandbox=args.sandbox,
+        sandbox_config=args.sandbox_config,
+        log_level=args.log_level,
+    )
+    try:
+        if args.transport == "stdio":
+            _run(_serve_stdio(settings))
+        else:
+            from ipybox.mcp_server._http import serve_http
+
+            # uvicorn handles SIGINT and SIGTERM itself: it shuts the sessions (and their
+            # executors) down, then raises the signal again.
+            with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
+                asyncio.run(
+                    serve_http(
+                        settings,
+                        host=args.host,
+                        port=args.port,
+                        allowed_hosts_extra=args.allow_host,
+                        # 0 means never: the SDK takes None for no idle timeout.
+                        session_timeout=args.session_timeout or None,
+                    )
+                )
+    except IpyboxError as exc:
+        print(f"ipybox: could not start: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+async def _serve_stdio(settings: Settings) -> None:
+    from mcp.server.stdio import stdio_server
+
+    from ipybox.mcp_server._stdio import stdio_pipes
+
+    async with settings.session() as tools, stdio_pipes() as (stdin, stdout):
+        server = build_server(SingleSession(tools))
+        async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    """Run `coro` until it ends or SIGINT/SIGTERM arrive; either way everything it started stops."""
+
+    async def runner() -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):  # Windows
+                loop.add_signal_handler(signum, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await coro
+
+    asyncio.run(runner())

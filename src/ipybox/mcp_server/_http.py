@@ -1,0 +1,299 @@
+"""The server over streamable HTTP: bearer token, Host/Origin checks, one executor per MCP session."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import ipaddress
+import json
+import logging
+import os
+import secrets
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import mcp_types as types
+from mcp.server import ServerRequestContext
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ipybox.mcp_server._server import Settings, build_server
+from ipybox.mcp_server._tools import ToolSession
+
+logger = logging.getLogger(__name__)
+
+TOKEN_ENV = "IPYBOX_MCP_TOKEN"
+MCP_PATH = "/mcp"
+_MAX_SESSIONS = 32
+# A tool call that arrives before its session's executor is up waits at most this long.
+_SESSION_START_TIMEOUT = 120
+
+
+@dataclass
+class _Entry:
+    ready: asyncio.Future[ToolSession] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+
+class SessionTable:
+    """The executors of the open MCP sessions, by ``Mcp-Session-Id``.
+
+    A session's executor is owned by the task that handles the session's
+    ``notifications/initialized``: it starts the executor (or takes the one started with
+    the server) and waits until the session ends, when the SDK cancels its tasks and the
+    executor stops. Only that task adds the session's entry, and it removes it when it ends
+    (an executor that failed to start keeps its entry, with the error, until then). A
+    second ``notifications/initialized`` of a session is ignored.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._entries: dict[str, _Entry] = {}
+        self._warm: ToolSession | None = None
+        self._registered = asyncio.Condition()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    async def warm_up(self) -> None:
+        """Start one executor with the server, for the first session.
+
+        This also checks at start that executors can run with these settings (the sandbox,
+        for one), so that a misconfiguration stops the server with a clear error.
+        """
+        self._warm = await self.settings.start_session()
+
+    async def close(self) -> None:
+        """Stop the executor started with the server, if no session took it."""
+        warm, self._warm = self._warm, None
+        if warm is not None:
+            with anyio.CancelScope(shield=True):
+                await warm.executor.stop()
+
+    async def own(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
+        """Start the session's executor and keep it until the session ends."""
+        session_id = _session_id(ctx)
+        if session_id in self._entries:
+            logger.warning("MCP session %s sent notifications/initialized again; ignored.", session_id)
+            return
+        entry = self._entries[session_id] = _Entry()
+        tools: ToolSession | None = None
+        try:
+            async with self._registered:
+                self._registered.notify_all()
+            try:
+                tools, self._warm = self._warm, None
+                if tools is None:
+                    tools = await self.settings.start_session()
+                entry.ready.set_result(tools)
+            except Exception as exc:
+                logger.error("The executor of MCP session %s could not start: %s", session_id, exc)
+                entry.ready.set_exception(exc)
+            # Until the session ends; its tool calls get the executor, or the error.
+            await anyio.sleep_forever()
+        finally:
+            if self._entries.get(session_id) is entry:
+                del self._entries[session_id]
+            if not entry.ready.done():
+                entry.ready.cancel()
+            if tools is not None:
+                with anyio.CancelScope(shield=True):
+                    await tools.executor.stop()
+
+    async def get(self, ctx: ServerRequestContext[Any]) -> ToolSession:
+        """The tools of the session `ctx` belongs to, once its executor is up."""
+        session_id = _session_id(ctx)
+        try:
+            async with asyncio.timeout(_SESSION_START_TIMEOUT):
+                async with self._registered:
+                    await self._registered.wait_for(lambda: session_id in self._entries)
+                    entry = self._entries[session_id]
+                return await asyncio.shield(entry.ready)
+        except TimeoutError:
+            raise MCPError(
+                code=types.INTERNAL_ERROR,
+                message="The session's kernel did not start; did the client send notifications/initialized?",
+            ) from None
+        except Exception as exc:
+            raise MCPError(
+                code=types.INTERNAL_ERROR, message=f"The session's kernel could not start: {exc}"
+            ) from exc
+
+
+def _session_id(ctx: ServerRequestContext[Any]) -> str:
+    request = ctx.request
+    session_id = request.headers.get("mcp-session-id") if request is not None else None
+    if not session_id:
+        raise MCPError(code=types.INVALID_REQUEST, message="ipybox needs an MCP session (Mcp-Session-Id).")
+    return str(session_id)
+
+
+class Guard:
+    """ASGI middleware: refuses requests with an unexpected Host (421) or Origin (403), which a
+    DNS-rebinding web page would send, and requests without the bearer token (401)."""
+
+    def __init__(self, app: ASGIApp, token: str, allowed_hosts: set[str]) -> None:
+        self.app = app
+        self.token = token.encode()
+        self.allowed_hosts = {host.lower() for host in allowed_hosts}
+        self.allowed_origins = {
+            f"{scheme}://{host}" for host in self.allowed_hosts for scheme in ("http", "https")
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        host = headers.get("host", "").lower()
+        if host not in self.allowed_hosts:
+            await _refuse(
+                send, 421, f"Host {host!r} is not served here; use one of {sorted(self.allowed_hosts)}."
+            )
+            return
+        origin = headers.get("origin")
+        if origin is not None and origin.lower().rstrip("/") not in self.allowed_origins:
+            await _refuse(send, 403, f"Requests from origin {origin!r} are not allowed.")
+            return
+        scheme, _, credentials = headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(credentials.strip().encode(), self.token):
+            await _refuse(
+                send,
+                401,
+                f"Send the server's token as 'Authorization: Bearer <token>' (${TOKEN_ENV} where the server runs, "
+                "or the token it printed at start).",
+                {"www-authenticate": 'Bearer realm="ipybox"'},
+            )
+            return
+        await self.app(scope, receive, send)
+
+
+async def _refuse(send: Send, status: int, message: str, extra: dict[str, str] | None = None) -> None:
+    body = json.dumps({"error": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(key.encode(), value.encode()) for key, value in (extra or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def allowed_hosts(host: str, port: int, extra: list[str]) -> set[str]:
+    """Host header values the server answers: its address, loopback names, and `extra`."""
+    names = {host if ":" not in host else f"[{host}]"}
+    with contextlib.suppress(ValueError):
+        address = ipaddress.ip_address(host)
+        if address.is_loopback or address.is_unspecified:
+            names |= {"127.0.0.1", "localhost", "[::1]"}
+    if host == "localhost":
+        names |= {"127.0.0.1", "[::1]"}
+    hosts = {f"{name}:{port}" for name in names}
+    for item in extra:
+        hosts.add(item if item.rsplit(":", 1)[-1].isdigit() and not item.endswith("]") else f"{item}:{port}")
+    return hosts
+
+
+async def serve_http(
+    settings: Settings,
+    host: str,
+    port: int,
+    allowed_hosts_extra: list[str] | None = None,
+    session_timeout: float | None = 3600,
+) -> None:
+    """Serve MCP over streamable HTTP on ``http://host:port/mcp`` until cancelled.
+
+    A session without requests for `session_timeout` seconds is closed and its kernel stopped.
+    """
+    import uvicorn
+
+    token = os.environ.get(TOKEN_ENV) or ""
+    generated = not token
+    if generated:
+        token = secrets.token_urlsafe(32)
+    sessions = SessionTable(dataclasses.replace(settings, spare_kernel=False))
+    server = build_server(sessions, handshake_only=True)
+    server.add_notification_handler("notifications/initialized", types.NotificationParams, sessions.own)
+    # The Guard checks Host and Origin for every path; the SDK's own check is left off.
+    app = server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        max_sessions=_MAX_SESSIONS,
+        session_idle_timeout=session_timeout,
+        host=host,
+    )
+    serve_sessions = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(asgi_app: Any) -> AsyncIterator[None]:
+        # The warm executor stops within uvicorn's shutdown: after it, uvicorn raises the
+        # signal that stopped it again, and the process ends.
+        try:
+            async with serve_sessions(asgi_app):
+                yield
+        finally:
+            await sessions.close()
+
+    app.router.lifespan_context = lifespan
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        from ipybox.errors import IpyboxError
+
+        raise IpyboxError(f"Could not listen on {host}:{port} ({exc}); choose another --port.") from exc
+    loop = asyncio.get_running_loop()
+    main = asyncio.current_task()
+    assert main is not None
+    # Until uvicorn takes over SIGINT and SIGTERM, they cancel the warm-up, which cleans up.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, main.cancel)
+    try:
+        await sessions.warm_up()
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+    bound_port = sock.getsockname()[1]
+    guarded = Guard(app, token, allowed_hosts(host, bound_port, allowed_hosts_extra or []))
+    shown_host = f"[{host}]" if ":" in host else host
+    print(
+        f"ipybox: MCP server listening on http://{shown_host}:{bound_port}{MCP_PATH}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if not any(name.startswith(("127.0.0.1:", "localhost:")) for name in guarded.allowed_hosts) or host in (
+        "0.0.0.0",
+        "::",
+    ):
+        print(
+            "ipybox: clients on other machines must name this server with a host given by --allow-host "
+            "(and should reach it through TLS, e.g. an SSH tunnel or a reverse proxy).",
+            file=sys.stderr,
+            flush=True,
+        )
+    if generated:
+        print(f"ipybox: bearer token (set {TOKEN_ENV} to choose one): {token}", file=sys.stderr, flush=True)
+    config = uvicorn.Config(
+        guarded,
+        log_level=settings.log_level.lower(),
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    try:
+        await uvicorn.Server(config).serve(sockets=[sock])
+    finally:
+        sock.close()
+        await sessions.close()

@@ -1,0 +1,102 @@
+"""Shaping cell output for an agent: clean text, bounded length, small images."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+import re
+import time
+from pathlib import Path
+
+from ipybox.mcp_server._files import WorkspacePathError, server_folder
+
+# CSI sequences (colours, cursor moves), OSC sequences (titles, links) and lone escapes.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+# Images are scaled so that the longer side is at most this many pixels: a model sees about
+# (w * h) / 750 tokens per image, so 768 x 768 stays under a thousand tokens.
+MAX_IMAGE_SIDE = 768
+OUTPUT_DIR = ".ipybox/outputs"
+_KEEP_OUTPUTS = 100
+
+
+def clean(text: str) -> str:
+    """Remove ANSI escape sequences and collapse carriage-return rewrites of a line.
+
+    A progress bar that redraws itself with ``\\r`` leaves only its final state, as a
+    terminal would show it.
+    """
+    text = _ANSI.sub("", text).replace("\r\n", "\n")
+    if "\r" not in text:
+        return text
+    return "\n".join(_last_redraw(line) for line in text.split("\n"))
+
+
+def _last_redraw(line: str) -> str:
+    parts = line.split("\r")
+    # A trailing "\r" (the cursor went back, nothing written yet) keeps the previous state.
+    while len(parts) > 1 and parts[-1] == "":
+        parts.pop()
+    return parts[-1]
+
+
+def last_line(text: str, limit: int = 200) -> str:
+    """The last non-empty line of `text`, shortened to `limit` characters."""
+    for line in reversed(clean(text).splitlines()):
+        if line := line.strip():
+            return line if len(line) <= limit else line[: limit - 1] + "…"
+    return ""
+
+
+def truncate(text: str, max_chars: int, workspace: Path) -> str:
+    """Keep the head and the tail of `text` within about `max_chars` characters.
+
+    The middle is replaced by a marker that says how much was left out and names a file in
+    the workspace that holds the complete output.
+    """
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    try:
+        path = _save_full_output(text, workspace)
+    except (WorkspacePathError, OSError) as exc:
+        where = f"the complete output was not saved ({exc})"
+    else:
+        where = f"the complete output is in {path.relative_to(workspace)} in the workspace"
+    # The tail matters most (the traceback or the final value), so it gets the larger share.
+    head_len = max_chars * 2 // 5
+    tail_len = max_chars - head_len
+    head, tail = text[:head_len], text[len(text) - tail_len :]
+    omitted = len(text) - head_len - tail_len
+    marker = f"\n[... {omitted} of {len(text)} characters omitted; {where} ...]\n"
+    return head + marker + tail
+
+
+def _save_full_output(text: str, workspace: Path) -> Path:
+    folder = server_folder(workspace, workspace / OUTPUT_DIR)
+    folder.mkdir(parents=True, exist_ok=True)
+    now = time.time_ns()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now // 1_000_000_000))
+    # The sub-second part keeps names unique and in order, for pruning below.
+    path = folder / f"output-{stamp}-{now % 1_000_000_000:09d}.txt"
+    # O_EXCL and O_NOFOLLOW: never through a link the kernel put in place of the file.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    with os.fdopen(os.open(path, flags, 0o644), "w", encoding="utf-8") as file:
+        file.write(text)
+    # Only the recent outputs are worth keeping: an agent reads a saved output soon or never.
+    saved = sorted(folder.glob("output-*.txt"))
+    for old in saved[: max(0, len(saved) - _KEEP_OUTPUTS)]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def scaled_png(path: Path, max_side: int = MAX_IMAGE_SIDE) -> str:
+    """The PNG at `path` as base64, scaled down so its longer side is at most `max_side`."""
+    from PIL import Image  # imported on first image: Pillow is not needed before
+
+    with Image.open(path) as image:
+        if max(image.size) <= max_side:
+            return base64.b64encode(path.read_bytes()).decode("ascii")
+        image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG", optimize=True)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")

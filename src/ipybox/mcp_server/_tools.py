@@ -1,0 +1,466 @@
+"""The MCP tools of the ipybox server, implemented on one `CodeExecutor` per MCP session."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import mimetypes
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+
+from ipybox.code_exec import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+from ipybox.errors import (
+    ApiGenerationError,
+    CodeExecutionError,
+    IpyboxError,
+    MCPServerError,
+    ServerParamsError,
+)
+from ipybox.mcp_server import _files, _output
+from ipybox.mcp_server._install import Installer, InstallError
+from ipybox.tool_exec.approval.client import ApprovalRequest
+
+Progress = Callable[[float, str], Awaitable[None]]
+"""Reports progress of a running tool: seconds elapsed and the latest output line."""
+
+MCPTOOLS_DIR = "mcptools"
+_MIN_OUTPUT_CHARS = 200
+# Progress is reported at most this often, and at least this often while a cell is silent,
+# so that clients that give up on a quiet call keep waiting.
+_PROGRESS_INTERVAL = 1.0
+_HEARTBEAT_INTERVAL = 5.0
+
+_EXECUTE = types.Tool(
+    name="execute_ipython_cell",
+    title="Execute Python code",
+    description=(
+        "Run Python code in a stateful IPython kernel and return its output: printed text, the value of "
+        "the last expression, errors with their traceback, and plots as images.\n\n"
+        "Variables, imports and definitions persist between calls until `reset`. Top-level `await` works. "
+        "The working directory is the workspace. Call the tools of registered MCP servers from code: "
+        "`from mcptools.<server_name>.<tool_module> import Params, run` and `run(Params(...))`; "
+        "these calls run without asking. Shell commands work with `!cmd`.\n\n"
+        "Output longer than `max_output_chars` keeps its beginning and end; the full text is saved to a "
+        "file in the workspace that the output names. After `timeout` seconds the code is interrupted "
+        "(state is kept) and the output so far is returned."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "code": {"type": "string", "description": "Python code to run; may contain IPython magics."},
+            "timeout": {
+                "type": "number",
+                "description": "Seconds the code may run before it is interrupted.",
+                "default": 120,
+                "exclusiveMinimum": 0,
+            },
+            "max_output_chars": {
+                "type": "integer",
+                "description": "Longest output returned; longer output keeps its head and tail.",
+                "default": 5000,
+                "minimum": 200,
+            },
+        },
+        "required": ["code"],
+        "additionalProperties": False,
+    },
+    annotations=types.ToolAnnotations(
+        title="Execute Python code", read_only_hint=False, destructive_hint=True, open_world_hint=True
+    ),
+)
+
+_REGISTER = types.Tool(
+    name="register_mcp_server",
+    title="Register an MCP server",
+    description=(
+        "Connect to an MCP server, generate a typed Python API for its tools in "
+        "`mcptools/<server_name>/` in the workspace, and allow code to call them. Returns the tool "
+        "module names; import one with `from mcptools.<server_name>.<module> import Params, run` "
+        "(`Result` too when the tool declares an output schema) and read its source for the parameters.\n\n"
+        '`server_params` for a local server: `{"command": "npx", "args": [...], "env": {...}}`; for '
+        'a remote one: `{"url": "https://.../mcp", "headers": {...}}`. Write secrets as `${VAR}`: '
+        "they are filled in from the server's environment or the workspace's `.env` file and never reach "
+        "the kernel. Registering a name again regenerates its API."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "server_name": {
+                "type": "string",
+                "description": "Python package name for the server, e.g. 'github' or 'brave_search'.",
+            },
+            "server_params": {
+                "type": "object",
+                "description": "stdio: command, args, env, cwd; HTTP: url, headers, type.",
+            },
+        },
+        "required": ["server_name", "server_params"],
+        "additionalProperties": False,
+    },
+    annotations=types.ToolAnnotations(
+        title="Register an MCP server",
+        read_only_hint=False,
+        destructive_hint=False,
+        idempotent_hint=True,
+        open_world_hint=True,
+    ),
+)
+
+_INSTALL = types.Tool(
+    name="install_package",
+    title="Install a Python package",
+    description=(
+        "Install a Python package for the kernel; it can be imported right after, without a reset. "
+        "Accepts a name with optional extras and version specifiers ('pandas', 'httpx[http2]>=0.28') or a "
+        "'git+https://...' URL. The installer's error is returned if it fails."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "package_name": {
+                "type": "string",
+                "description": "One requirement: 'name', 'name==1.2', 'name[extra]>=1', or 'git+https://...'.",
+            }
+        },
+        "required": ["package_name"],
+        "additionalProperties": False,
+    },
+    annotations=types.ToolAnnotations(
+        title="Install a Python package",
+        read_only_hint=False,
+        destructive_hint=False,
+        idempotent_hint=True,
+        open_world_hint=True,
+    ),
+)
+
+_RESET = types.Tool(
+    name="reset",
+    title="Reset the kernel",
+    description=(
+        "Replace the kernel with a fresh one: all variables, imports and definitions are gone. "
+        "Installed packages, registered MCP servers and files in the workspace stay."
+    ),
+    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
+    annotations=types.ToolAnnotations(
+        title="Reset the kernel",
+        read_only_hint=False,
+        destructive_hint=True,
+        idempotent_hint=True,
+        open_world_hint=False,
+    ),
+)
+
+_UPLOAD = types.Tool(
+    name="upload_file",
+    title="Put a file into the workspace",
+    description=(
+        "Write a file into the workspace, where code can read it (the workspace is the working "
+        f"directory). `content_base64` is the file's bytes in base64; at most "
+        f"{_files.MAX_FILE_BYTES // (1024 * 1024)} MiB. Parent folders are created; an existing file "
+        "is replaced. Paths are relative to the workspace and cannot leave it."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "path": {
+                "type": "string",
+                "description": "Path relative to the workspace, e.g. 'data/input.csv'.",
+            },
+            "content_base64": {"type": "string", "description": "The file's bytes, base64-encoded."},
+        },
+        "required": ["path", "content_base64"],
+        "additionalProperties": False,
+    },
+    annotations=types.ToolAnnotations(
+        title="Put a file into the workspace",
+        read_only_hint=False,
+        destructive_hint=True,
+        idempotent_hint=True,
+        open_world_hint=False,
+    ),
+)
+
+_DOWNLOAD = types.Tool(
+    name="download_file",
+    title="Get a file from the workspace",
+    description=(
+        "Return a file from the workspace (for example one that code wrote) as an embedded resource "
+        f"with base64 content; at most {_files.MAX_FILE_BYTES // (1024 * 1024)} MiB. Paths are "
+        "relative to the workspace and cannot leave it."
+    ),
+    input_schema={
+        "type": "object",
+        "properties": {
+            "path": {
+                "type": "string",
+                "description": "Path relative to the workspace, e.g. 'results/plot.png'.",
+            }
+        },
+        "required": ["path"],
+        "additionalProperties": False,
+    },
+    annotations=types.ToolAnnotations(
+        title="Get a file from the workspace",
+        read_only_hint=True,
+        idempotent_hint=True,
+        open_world_hint=False,
+    ),
+)
+
+TOOLS = [_EXECUTE, _REGISTER, _INSTALL, _RESET, _UPLOAD, _DOWNLOAD]
+
+
+class ArgumentError(ValueError):
+    """A tool was called with arguments it does not take."""
+
+
+def _text(text: str) -> types.TextContent:
+    return types.TextContent(type="text", text=text)
+
+
+def _error(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[_text(text)], is_error=True)
+
+
+class ToolSession:
+    """The tools of one MCP session, on that session's executor.
+
+    Args:
+        executor: A started `CodeExecutor` whose working directory is `workspace`.
+        workspace: The workspace folder.
+        installer: How packages are installed for the kernel.
+    """
+
+    def __init__(self, executor: CodeExecutor, workspace: Path, installer: Installer) -> None:
+        self.executor = executor
+        self.workspace = workspace
+        self.installer = installer
+
+    async def call(
+        self, name: str, arguments: Mapping[str, Any], progress: Progress | None
+    ) -> types.CallToolResult:
+        """Run the tool `name`; errors come back as results with ``isError``."""
+        try:
+            match name:
+                case "execute_ipython_cell":
+                    return await self.execute_ipython_cell(
+                        _arg(arguments, "code", str),
+                        timeout=float(_arg(arguments, "timeout", (int, float), 120)),
+                        max_output_chars=_arg(arguments, "max_output_chars", int, 5000),
+                        progress=progress,
+                    )
+                case "register_mcp_server":
+                    return await self.register_mcp_server(
+                        _arg(arguments, "server_name", str), _arg(arguments, "server_params", dict)
+                    )
+                case "install_package":
+                    return await self.install_package(_arg(arguments, "package_name", str))
+                case "reset":
+                    return await self.reset()
+                case "upload_file":
+                    return self.upload_file(
+                        _arg(arguments, "path", str), _arg(arguments, "content_base64", str)
+                    )
+                case "download_file":
+                    return self.download_file(_arg(arguments, "path", str))
+        except ArgumentError as exc:
+            return _error(str(exc))
+        except IpyboxError as exc:
+            # The executor's own failures (the gateway gone and not restartable, a reset that
+            # found no kernel) reach the agent as tool errors it can read.
+            return _error(f"{type(exc).__name__}: {exc}")
+        names = ", ".join(tool.name for tool in TOOLS)
+        return _error(f"There is no tool named {name!r}; the tools are: {names}.")
+
+    async def execute_ipython_cell(
+        self, code: str, timeout: float = 120, max_output_chars: int = 5000, progress: Progress | None = None
+    ) -> types.CallToolResult:
+        """Run `code` in the kernel; output, images and errors shaped for an agent."""
+        if timeout <= 0:
+            return _error(f"timeout must be a positive number of seconds, not {timeout!r}.")
+        if max_output_chars < _MIN_OUTPUT_CHARS:
+            return _error(
+                f"max_output_chars must be at least {_MIN_OUTPUT_CHARS} (got {max_output_chars}); "
+                "long output keeps its head and tail anyway, with the whole saved to a file."
+            )
+        output: list[str] = []
+        result: CodeExecutionResult | None = None
+        failure: str | None = None
+        async with anyio.create_task_group() as tasks:
+            if progress is not None:
+                tasks.start_soon(_report_progress, progress, output)
+            try:
+                stream = self.executor.stream(code, timeout=timeout, chunks=True)
+                async with contextlib.aclosing(stream) as items:
+                    async for item in items:
+                        if isinstance(item, CodeExecutionChunk):
+                            output.append(item.text)
+                        elif isinstance(item, CodeExecutionResult):
+                            result = item
+                        elif isinstance(item, ApprovalRequest):  # pragma: no cover - calls run unasked
+                            await item.accept()
+            except CodeExecutionError as exc:
+                failure = exc.traceback or str(exc)
+            except TimeoutError as exc:
+                failure = f"[Timed out: {exc}]"
+            finally:
+                tasks.cancel_scope.cancel()
+        if failure is not None:
+            text = _output.clean("".join(output)).rstrip("\n")
+            text = f"{text}\n{_output.clean(failure)}" if text else _output.clean(failure)
+            return _error(_output.truncate(text, max_output_chars, self.workspace))
+        assert result is not None
+        text = _output.truncate(_output.clean(result.text or ""), max_output_chars, self.workspace)
+        content: list[types.ContentBlock] = [_text(text or "(no output)")]
+        for image in result.images:
+            content.append(
+                types.ImageContent(type="image", data=_output.scaled_png(image), mime_type="image/png")
+            )
+        if result.images:
+            paths = ", ".join(str(self._relative(image)) for image in result.images)
+            content.append(_text(f"Images saved in the workspace: {paths}"))
+        return types.CallToolResult(content=content)
+
+    async def register_mcp_server(
+        self, server_name: str, server_params: dict[str, Any]
+    ) -> types.CallToolResult:
+        """Generate `mcptools/<server_name>/` and record the server for the tool server."""
+        from ipybox.mcp_apigen import generate_mcp_sources
+
+        # generate_mcp_sources replaces mcptools/<server_name>/: never through a link that
+        # kernel code put there (it would delete and write outside the workspace).
+        target = self.workspace / MCPTOOLS_DIR
+        if server_name.isidentifier():
+            target = target / server_name
+        try:
+            _files.server_folder(self.workspace, target)
+        except _files.WorkspacePathError as exc:
+            return _error(f"Cannot register {server_name!r}: {exc}")
+        try:
+            names = await generate_mcp_sources(
+                server_name,
+                server_params,
+                self.workspace / MCPTOOLS_DIR,
+                connect_timeout=self.executor.connect_timeout,
+            )
+        except (ServerParamsError, MCPServerError, ApiGenerationError) as exc:
+            return _error(str(exc))
+        # A kernel that imported an earlier version of this package must see the new one.
+        await self._run_quietly(
+            "def _ipybox_refresh(prefix):\n"
+            "    import importlib, sys\n"
+            "    importlib.invalidate_caches()\n"
+            "    for name in [m for m in sys.modules if m == prefix or m.startswith(prefix + '.')]:\n"
+            "        del sys.modules[name]\n"
+            f"_ipybox_refresh({f'{MCPTOOLS_DIR}.{server_name}'!r})\n"
+            "del _ipybox_refresh\n"
+        )
+        listing = "\n".join(f"- {name}" for name in names) or "(the server has no tools)"
+        example = f"from {MCPTOOLS_DIR}.{server_name}.{names[0]} import Params, run" if names else ""
+        text = (
+            f"Registered MCP server {server_name!r}. Tool modules in {MCPTOOLS_DIR}/{server_name}/:\n{listing}"
+            + (f"\n\nImport one with: {example}" if example else "")
+        )
+        return types.CallToolResult(
+            content=[_text(text)], structured_content={"server_name": server_name, "tools": names}
+        )
+
+    async def install_package(self, package_name: str) -> types.CallToolResult:
+        """Install `package_name` and make it importable in the running kernel."""
+        if self.installer.sandbox_dir is not None:
+            try:
+                _files.server_folder(self.workspace, self.installer.sandbox_dir)
+            except _files.WorkspacePathError as exc:
+                return _error(f"Cannot install {package_name!r}: {exc}")
+        try:
+            log = await self.installer.install(package_name)
+        except InstallError as exc:
+            return _error(str(exc))
+        except TimeoutError:
+            return _error(f"Installing {package_name!r} did not finish within 10 minutes and was stopped.")
+        await self._run_quietly("import importlib as _il\n_il.invalidate_caches()\ndel _il\n")
+        last = log.splitlines()[-1] if log else ""
+        return types.CallToolResult(content=[_text(f"Installed {package_name}. {last}".strip())])
+
+    async def reset(self) -> types.CallToolResult:
+        """Give the session a fresh kernel."""
+        await self.executor.reset()
+        return types.CallToolResult(
+            content=[
+                _text(
+                    "The kernel was reset: variables, imports and definitions are gone. Installed packages, "
+                    f"registered MCP servers ({MCPTOOLS_DIR}/) and workspace files are kept."
+                )
+            ]
+        )
+
+    def upload_file(self, path: str, content_base64: str) -> types.CallToolResult:
+        """Write a file into the workspace."""
+        try:
+            target = _files.write(self.workspace, path, content_base64)
+        except _files.WorkspacePathError as exc:
+            return _error(str(exc))
+        size = target.stat().st_size
+        return types.CallToolResult(
+            content=[_text(f"Wrote {size} bytes to {self._relative(target)} in the workspace.")]
+        )
+
+    def download_file(self, path: str) -> types.CallToolResult:
+        """Return a file of the workspace as an embedded resource."""
+        try:
+            target, data = _files.read(self.workspace, path)
+        except _files.WorkspacePathError as exc:
+            return _error(str(exc))
+        mime_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        resource = types.BlobResourceContents(
+            uri=target.as_uri(), mime_type=mime_type, blob=base64.b64encode(data).decode("ascii")
+        )
+        return types.CallToolResult(
+            content=[
+                _text(f"{self._relative(target)}: {len(data)} bytes, {mime_type}."),
+                types.EmbeddedResource(type="resource", resource=resource),
+            ]
+        )
+
+    async def _run_quietly(self, code: str) -> None:
+        with contextlib.suppress(CodeExecutionError, TimeoutError):
+            await self.executor.execute(code, timeout=30)
+
+    def _relative(self, path: Path) -> Path:
+        try:
+            return path.resolve().relative_to(self.workspace.resolve())
+        except ValueError:
+            return path
+
+
+async def _report_progress(progress: Progress, output: list[str]) -> None:
+    start = time.monotonic()
+    sent_at, sent_line = start, ""
+    while True:
+        await anyio.sleep(_PROGRESS_INTERVAL)
+        now = time.monotonic()
+        line = _output.last_line("".join(output[-10:])) if output else ""
+        if line != sent_line or now - sent_at >= _HEARTBEAT_INTERVAL:
+            await progress(round(now - start, 1), line or "running")
+            sent_at, sent_line = now, line
+
+
+_MISSING = object()
+
+
+def _arg(
+    arguments: Mapping[str, Any], name: str, kind: type | tuple[type, ...], default: Any = _MISSING
+) -> Any:
+    value = arguments.get(name, default)
+    if value is _MISSING:
+        raise ArgumentError(f"The argument {name!r} is missing.")
+    if not isinstance(value, kind) or isinstance(value, bool):
+        expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise ArgumentError(f"The argument {name!r} must be of type {expected}, not {type(value).__name__}.")
+    return value

@@ -1,0 +1,193 @@
+"""The MCP server's pure parts: install commands, output shaping, Host names."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from mcp.shared.exceptions import MCPError
+
+from ipybox.mcp_server import _files, _http, _output
+from ipybox.mcp_server._http import SessionTable, allowed_hosts
+from ipybox.mcp_server._install import Installer, InstallError
+from ipybox.mcp_server._server import Settings
+
+
+def test_install_commands_take_one_requirement_and_never_an_option() -> None:
+    installer = Installer(python="/env/bin/python")
+    for spec in [
+        "requests",
+        "pandas>=2.2",
+        "httpx[http2]==0.28.1",
+        "pkg ; python_version>'3'",
+        "git+https://x/y.git",
+    ]:
+        command = installer.command(spec)
+        assert command[-1] == spec.strip() and "/env/bin/python" in command
+    for bad in ["", "-r requirements.txt", "--index-url http://evil", "a b", "pkg\n--pre", "git+https://x y"]:
+        with pytest.raises(InstallError):
+            installer.command(bad)
+
+
+def test_under_the_sandbox_installs_are_wheels_into_a_kernel_only_folder(tmp_path: Path) -> None:
+    installer = Installer(python="/env/bin/python", sandbox_dir=tmp_path / "site")
+    command = installer.command("requests==2.32.3")
+    assert command[command.index("--target") + 1] == str(tmp_path / "site")
+    assert command[command.index("--only-binary") + 1] == ":all:"
+    with pytest.raises(InstallError, match="sandbox"):
+        installer.command("git+https://example.com/pkg.git")
+
+
+def test_output_is_cleaned_and_truncated_with_a_marker_naming_the_full_file(tmp_path: Path) -> None:
+    assert _output.clean("\x1b[1;31mred\x1b[0m\n10%\r50%\r100%\nend\r") == "red\n100%\nend"
+    text = "A" * 100 + "B" * 10_000 + "Z" * 100
+    short = _output.truncate(text, 1000, tmp_path)
+    assert short.startswith("A" * 100) and short.endswith("Z" * 100) and len(short) < 1200
+    name = short.split(" is in ")[0].split("output is in ")[-1]
+    saved = next((tmp_path / ".ipybox" / "outputs").iterdir())
+    assert saved.read_text() == text and saved.name in short
+    assert name
+    assert _output.truncate("short", 1000, tmp_path) == "short"
+    assert _output.last_line("one\ntwo\r\x1b[2Kthree\n\n") == "three"
+
+
+def test_allowed_hosts_are_the_servers_own_address_and_loopback_names() -> None:
+    assert allowed_hosts("127.0.0.1", 8000, []) == {"127.0.0.1:8000", "localhost:8000", "[::1]:8000"}
+    assert "box.example:8000" in allowed_hosts("0.0.0.0", 8000, ["box.example"])
+    assert "proxy.example:443" in allowed_hosts("127.0.0.1", 8000, ["proxy.example:443"])
+    assert allowed_hosts("10.0.0.5", 9000, []) == {"10.0.0.5:9000"}
+
+
+def test_sandbox_options_reach_the_executor_and_the_kernel_env_is_an_allow_list(tmp_path: Path) -> None:
+    config = tmp_path / "srt.json"
+    config.write_text("{}")
+    (tmp_path / ".env").write_text("KERNEL_ENV_A=from-dotenv\nKERNEL_ENV_B=dotenv-loses\nTOKEN=secret\n")
+    environ = {
+        "HOME": "/home/agent",
+        "KERNEL_ENV_B": "environ-wins",
+        "PATH": "/bin",
+        "KEY": "s",
+    }
+    settings = Settings(workspace=tmp_path, sandbox=True, sandbox_config=config, environ=environ)
+    executor = settings.executor()
+    assert executor.sandbox and executor.sandbox_config == config
+    assert executor.working_dir == tmp_path.resolve() and not executor.approve_tool_calls
+    assert executor.kernel_env == {
+        "HOME": "/home/agent",
+        "A": "from-dotenv",
+        "B": "environ-wins",
+        "PYTHONPATH": str(tmp_path / ".ipybox" / "site-packages"),
+    }
+    assert settings.installer().sandbox_dir == tmp_path / ".ipybox" / "site-packages"
+    plain = Settings(workspace=tmp_path, environ={"HOME": "/h"})
+    assert "PYTHONPATH" not in plain.kernel_env() and plain.installer().sandbox_dir is None
+
+
+def test_only_the_most_recent_full_outputs_are_kept(tmp_path: Path) -> None:
+    for _ in range(_output._KEEP_OUTPUTS + 5):
+        _output.truncate("x" * 500, 200, tmp_path)
+    assert len(list((tmp_path / ".ipybox" / "outputs").iterdir())) == _output._KEEP_OUTPUTS
+
+
+def test_pep508_direct_references_and_file_urls_are_refused_under_the_sandbox(tmp_path: Path) -> None:
+    plain = Installer(python="/env/bin/python")
+    sandboxed = Installer(python="/env/bin/python", sandbox_dir=tmp_path / "site")
+    for spec in [
+        "pkg @ git+https://github.com/x/y",
+        "pkg[extra] @ https://example.com/pkg-1.0.tar.gz",
+        "pkg@file:///tmp/pkg",
+        "pkg @ file:///tmp/pkg ; python_version>'3'",
+        "file:///tmp/pkg",
+        "https://example.com/pkg-1.0-py3-none-any.whl",
+    ]:
+        assert plain.command(spec)[-1] == spec
+        with pytest.raises(InstallError, match="refused under --sandbox"):
+            sandboxed.command(spec)
+    assert sandboxed.command("pkg ; python_version>'3'")[-1] == "pkg ; python_version>'3'"
+
+
+def test_a_server_folder_behind_a_link_is_refused(tmp_path: Path) -> None:
+    workspace, outside = tmp_path / "workspace", tmp_path / "outside"
+    (workspace / ".ipybox").mkdir(parents=True)
+    outside.mkdir()
+    assert (
+        _files.server_folder(workspace, workspace / ".ipybox" / "outputs")
+        == workspace / ".ipybox" / "outputs"
+    )
+    (workspace / ".ipybox" / "outputs").symlink_to(outside)
+    with pytest.raises(_files.WorkspacePathError, match="symbolic link"):
+        _files.server_folder(workspace, workspace / ".ipybox" / "outputs")
+    # A link further up counts too, even one that stays inside the workspace.
+    (workspace / "real").mkdir()
+    (workspace / "mcptools").symlink_to(workspace / "real")
+    with pytest.raises(_files.WorkspacePathError, match="symbolic link"):
+        _files.server_folder(workspace, workspace / "mcptools" / "demo")
+    with pytest.raises(_files.WorkspacePathError):
+        _files.server_folder(workspace, tmp_path / "elsewhere")
+    short = _output.truncate("A" * 5000, 1000, workspace)
+    assert "the complete output was not saved" in short and not list(outside.iterdir())
+
+
+class _StubExecutor:
+    def __init__(self, stopped: list[int], number: int) -> None:
+        self.stopped, self.number = stopped, number
+
+    async def stop(self) -> None:
+        self.stopped.append(self.number)
+
+
+class _StubSettings:
+    """Counts the executors a SessionTable starts and stops; `fail` makes starting fail."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.started = 0
+        self.stopped: list[int] = []
+        self.fail = fail
+
+    async def start_session(self) -> Any:
+        await asyncio.sleep(0)
+        if self.fail:
+            raise RuntimeError("no kernel today")
+        self.started += 1
+        return SimpleNamespace(executor=_StubExecutor(self.stopped, self.started))
+
+
+def _ctx(session_id: str) -> Any:
+    return SimpleNamespace(request=SimpleNamespace(headers={"mcp-session-id": session_id}))
+
+
+async def test_a_session_table_starts_one_executor_per_session_and_forgets_ended_sessions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = _StubSettings()
+    table = SessionTable(cast(Any, settings))
+    owner = asyncio.create_task(table.own(_ctx("a"), cast(Any, None)))
+    tools = await table.get(_ctx("a"))
+    # A second notifications/initialized of the session starts nothing and ends at once.
+    await asyncio.wait_for(table.own(_ctx("a"), cast(Any, None)), timeout=5)
+    assert settings.started == 1 and len(table) == 1 and await table.get(_ctx("a")) is tools
+    owner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await owner
+    assert len(table) == 0 and settings.stopped == [1]
+
+    # A session that never initializes leaves nothing behind.
+    monkeypatch.setattr(_http, "_SESSION_START_TIMEOUT", 0.2)
+    with pytest.raises(MCPError, match="did not start"):
+        await table.get(_ctx("never"))
+    assert len(table) == 0
+
+
+async def test_a_session_whose_executor_failed_reports_it_and_is_forgotten_when_it_ends() -> None:
+    table = SessionTable(cast(Any, _StubSettings(fail=True)))
+    owner = asyncio.create_task(table.own(_ctx("b"), cast(Any, None)))
+    with pytest.raises(MCPError, match="no kernel today"):
+        await asyncio.wait_for(table.get(_ctx("b")), timeout=5)
+    assert len(table) == 1
+    owner.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await owner
+    assert len(table) == 0

@@ -1,0 +1,264 @@
+"""The Claude Code plugin marketplace in .claude-plugin/: valid, complete, and loadable by Claude Code."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+MARKETPLACE = ROOT / ".claude-plugin" / "marketplace.json"
+LAUNCHER = ROOT / "plugins" / "ipybox-mcp.sh"
+SKILL = ROOT / "plugins" / "codeact" / "skills" / "codeact"
+
+# Claude Code's own CLI validates the manifest and installs the plugins (npm, run with npx).
+CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.197"
+
+
+def _marketplace() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(MARKETPLACE.read_text())
+    return data
+
+
+def _plugin_root(plugin: dict[str, Any]) -> Path:
+    source = plugin["source"]
+    assert isinstance(source, str) and source.startswith("./"), source
+    return (ROOT / source).resolve()
+
+
+def _expand(value: str, plugin_root: Path) -> str:
+    return value.replace("${CLAUDE_PLUGIN_ROOT}", str(plugin_root))
+
+
+def _frontmatter(text: str) -> dict[str, str]:
+    match = re.match(r"---\n(.*?)\n---\n", text, re.DOTALL)
+    assert match, "SKILL.md must start with a YAML front matter block"
+    fields = {}
+    for line in match.group(1).splitlines():
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    return fields
+
+
+def test_the_marketplace_offers_the_three_codeact_plugins() -> None:
+    data = _marketplace()
+    assert data["name"] == "ipybox"
+    assert data["owner"]["name"]
+    assert [p["name"] for p in data["plugins"]] == ["codeact-default", "codeact-sandbox", "codeact-docker"]
+    modes = {p["name"]: p["mcpServers"]["ipybox"]["args"] for p in data["plugins"]}
+    assert modes == {
+        "codeact-default": ["default"],
+        "codeact-sandbox": ["sandbox"],
+        "codeact-docker": ["docker"],
+    }
+    for plugin in data["plugins"]:
+        assert plugin["description"]
+        assert plugin["strict"] is False, "the marketplace entry defines the whole plugin"
+
+
+def test_every_path_the_marketplace_names_exists() -> None:
+    for plugin in _marketplace()["plugins"]:
+        root = _plugin_root(plugin)
+        assert root.is_dir()
+        for skill in plugin["skills"]:
+            skill_dir = root / skill
+            assert (skill_dir / "SKILL.md").is_file(), skill_dir
+        for server in plugin["mcpServers"].values():
+            command = Path(_expand(server["command"], root))
+            assert command.is_file(), command
+            assert os.access(command, os.X_OK), f"{command} is not executable"
+
+
+def test_the_plugin_versions_follow_the_package_version() -> None:
+    import ipybox
+
+    data = _marketplace()
+    assert data["metadata"]["version"] == ipybox.__version__
+    assert {p["version"] for p in data["plugins"]} == {ipybox.__version__}
+
+
+def test_the_skill_and_every_reference_it_links_exist() -> None:
+    text = (SKILL / "SKILL.md").read_text()
+    front = _frontmatter(text)
+    assert front["name"] == SKILL.name == "codeact"
+    assert len(front["description"]) <= 1024
+    links = re.findall(r"\]\((references/[^)]+)\)", text)
+    assert links, "SKILL.md links its reference files"
+    for link in links:
+        assert (SKILL / link).is_file(), link
+    assert sorted(p.relative_to(SKILL).as_posix() for p in (SKILL / "references").iterdir()) == sorted(
+        set(links)
+    )
+
+
+def test_the_skill_teaches_every_step_of_the_codeact_workflow() -> None:
+    text = "\n".join(p.read_text() for p in sorted(SKILL.rglob("*.md")))
+    for needle in [
+        "mcptools/",  # find tools by listing the generated packages
+        "__init__.py",  # a server's package docstring lists its tools
+        "Params",  # read only the interface
+        "execute_ipython_cell",  # chain calls in one code action
+        "run_parsed()",  # output parsers
+        "ParseResult",
+        "mcpparse/<server>/<tool>.py",
+        "gentools/<category>/<name>/api.py",  # saved code actions
+        "impl.py",
+        "reset()",
+        "${VAR}",
+    ]:
+        assert needle in text, f"the skill does not mention {needle}"
+
+
+def test_the_launcher_is_valid_bash_and_rejects_an_unknown_mode_clearly() -> None:
+    subprocess.run(["bash", "-n", str(LAUNCHER)], check=True)
+    result = subprocess.run([str(LAUNCHER), "turbo"], capture_output=True, text=True, check=False)
+    assert result.returncode == 1
+    assert result.stdout == "", "stdout belongs to the MCP protocol"
+    assert "unknown mode 'turbo': use default, sandbox or docker" in result.stderr
+
+
+def test_the_launcher_names_a_missing_workspace(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    env = {**os.environ, "IPYBOX_WORKSPACE": str(missing)}
+    result = subprocess.run([str(LAUNCHER), "default"], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 1
+    assert f"the workspace '{missing}' is not a folder" in result.stderr
+
+
+def test_the_docker_plugin_says_how_to_build_a_missing_image(tmp_path: Path) -> None:
+    env = {**os.environ, "IPYBOX_WORKSPACE": str(tmp_path), "IPYBOX_IMAGE": "ipybox-test-no-such-image"}
+    result = subprocess.run([str(LAUNCHER), "docker"], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    if shutil.which("docker") is None:
+        assert "docker is not installed" in result.stderr
+    else:
+        assert "'ipybox-test-no-such-image' does not exist" in result.stderr
+        assert "docker/build.sh" in result.stderr
+
+
+def _claude(*args: str, config_dir: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "CLAUDE_CONFIG_DIR": str(config_dir),
+        "DISABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        # The first start of a plugin's server installs its environment (uv, from its cache).
+        "MCP_TIMEOUT": "180000",
+    }
+    return subprocess.run(
+        ["npx", "--yes", CLAUDE_CODE, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=400,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The repository's files as a clone has them (no virtual environment or caches)."""
+    if shutil.which("npx") is None:
+        pytest.skip("npx is not installed")
+    target = tmp_path_factory.mktemp("clone") / "ipybox"
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    for name in filter(None, listed.split("\0")):
+        source = ROOT / name
+        if source.is_file():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    yield target
+
+
+def test_claude_code_validates_the_marketplace_strictly(clone: Path, tmp_path: Path) -> None:
+    result = _claude("plugin", "validate", "--strict", str(clone), config_dir=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Validation passed" in result.stdout
+
+
+@pytest.mark.timeout(900)
+def test_claude_code_installs_each_plugin_and_connects_to_its_server(clone: Path, tmp_path: Path) -> None:
+    config = tmp_path / "claude"
+    project = tmp_path / "project"
+    project.mkdir()
+    added = _claude("plugin", "marketplace", "add", str(clone), config_dir=config)
+    assert added.returncode == 0, added.stdout + added.stderr
+
+    for name in ["codeact-default", "codeact-sandbox"]:
+        installed = _claude("plugin", "install", f"{name}@ipybox", config_dir=config)
+        assert installed.returncode == 0, installed.stdout + installed.stderr
+    # Claude Code starts each plugin's server in the project, as a session would, and checks it
+    # (the sandboxed one installs srt into the plugin's copy first).
+    listed = _claude("mcp", "list", config_dir=config, cwd=project)
+    for name in ["codeact-default", "codeact-sandbox"]:
+        assert re.search(rf"^plugin:{name}:ipybox: .*Connected", listed.stdout, re.MULTILINE), (
+            listed.stdout + listed.stderr
+        )
+
+    installed = _claude("plugin", "install", "codeact-docker@ipybox", config_dir=config)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    for name in ["codeact-default", "codeact-sandbox", "codeact-docker"]:
+        details = _claude("plugin", "details", f"{name}@ipybox", config_dir=config)
+        assert details.returncode == 0, details.stdout + details.stderr
+        assert re.search(r"Skills \(1\)\s+codeact", details.stdout), details.stdout
+        assert re.search(r"MCP servers \(1\)\s+ipybox", details.stdout), details.stdout
+
+
+@pytest.mark.timeout(300)
+async def test_the_launcher_serves_the_claude_code_project_as_the_workspace(tmp_path: Path) -> None:
+    from mcp.client.stdio import StdioServerParameters
+
+    from tests.mcp_server.support import connected, run, server_env, text_of
+
+    env = server_env(CLAUDE_PROJECT_DIR=str(tmp_path))
+    params = StdioServerParameters(command=str(LAUNCHER), args=["default"], env=env, cwd=str(ROOT))
+    async with connected(params) as client:
+        result = await run(client, "import os\nopen('made-here.txt', 'w').write('x')\nprint(os.getcwd())")
+    assert text_of(result).strip() == str(tmp_path)
+    assert (tmp_path / "made-here.txt").read_text() == "x"
+
+
+@pytest.mark.timeout(300)
+async def test_the_sandbox_launcher_uses_the_workspaces_sandbox_config(tmp_path: Path) -> None:
+    from mcp.client.stdio import StdioServerParameters
+
+    from tests.mcp_server.support import connected, run, server_env, text_of
+
+    workspace = tmp_path / "workspace"
+    extra = tmp_path / "extra"
+    workspace.mkdir()
+    extra.mkdir()
+    code = (
+        f"try:\n    open({str(extra / 'x.txt')!r}, 'w').write('x')\n    print('allowed')\n"
+        "except OSError:\n    print('blocked')\n"
+    )
+    params = StdioServerParameters(
+        command=str(LAUNCHER), args=["sandbox"], env=server_env(CLAUDE_PROJECT_DIR=str(workspace))
+    )
+
+    async with connected(params) as client:
+        default = await run(client, code)
+    assert text_of(default).strip() == "blocked", text_of(default)
+
+    config = {
+        "network": {"allowedDomains": [], "deniedDomains": []},
+        "filesystem": {"denyRead": [], "allowWrite": [str(workspace), str(extra)], "denyWrite": []},
+    }
+    (workspace / "sandbox-config.json").write_text(json.dumps(config))
+    async with connected(params) as client:
+        custom = await run(client, code)
+    assert text_of(custom).strip() == "allowed", text_of(custom)

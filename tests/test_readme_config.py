@@ -1,0 +1,116 @@
+"""The README's MCP configurations work as pasted, with only the placeholder paths filled in."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mcp.client.stdio import StdioServerParameters
+
+from tests.mcp_server.support import connected, run, server_env, text_of
+
+ROOT = Path(__file__).parents[1]
+README = (ROOT / "README.md").read_text()
+CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.197"
+
+
+def _configs() -> list[dict[str, Any]]:
+    blocks = re.findall(r"```json\n(.*?)```", README, re.DOTALL)
+    return [json.loads(block) for block in blocks if '"mcpServers"' in block]
+
+
+def _server(command: str) -> dict[str, Any]:
+    """The one README configuration whose server runs `command`, first argument included."""
+    matches = [
+        c["mcpServers"]["ipybox"]
+        for c in _configs()
+        if [c["mcpServers"]["ipybox"]["command"], *c["mcpServers"]["ipybox"]["args"]][:2] == command.split()
+    ]
+    assert len(matches) == 1, f"the README has {len(matches)} configurations starting with {command!r}"
+    server: dict[str, Any] = matches[0]
+    return server
+
+
+def _fill(args: list[str], workspace: Path) -> list[str]:
+    return [
+        arg.replace("/path/to/ipybox", str(ROOT)).replace("/path/to/workspace", str(workspace))
+        for arg in args
+    ]
+
+
+def test_every_configuration_has_the_shape_claude_code_reads() -> None:
+    configs = _configs()
+    assert len(configs) >= 3
+    for config in configs:
+        assert list(config) == ["mcpServers"]
+        assert list(config["mcpServers"]) == ["ipybox"]
+        server = config["mcpServers"]["ipybox"]
+        assert set(server) <= {"command", "args", "env"}
+        assert isinstance(server["command"], str)
+        assert all(isinstance(arg, str) for arg in server["args"])
+
+
+def test_the_published_form_runs_uvx_ipybox_on_a_workspace() -> None:
+    assert _server("uvx ipybox")["args"] == ["ipybox", "--workspace", "/path/to/workspace"]
+
+
+def test_the_docker_form_mounts_the_workspace_where_the_image_expects_it() -> None:
+    args = _server("docker run")["args"]
+    assert args[:3] == ["run", "-i", "--rm"]
+    assert "/path/to/workspace:/app/workspace" in args
+    assert args[-1] == "ipybox", "the tag docker/build.sh gives the image"
+
+
+@pytest.mark.timeout(600)
+async def test_the_clone_form_serves_an_mcp_session_as_pasted(tmp_path: Path) -> None:
+    uv = shutil.which("uvx") or str(Path.home() / ".local" / "bin" / "uvx")
+    server = _server("uvx --from")
+    assert server["command"] == "uvx"
+    params = StdioServerParameters(command=uv, args=_fill(server["args"], tmp_path), env=server_env())
+    async with connected(params) as client:
+        tools = {tool.name for tool in (await client.list_tools()).tools}
+        assert "execute_ipython_cell" in tools
+        result = await run(client, "import os\nprint(os.getcwd())")
+    assert text_of(result).strip() == str(tmp_path)
+
+
+@pytest.mark.timeout(600)
+def test_the_claude_mcp_add_command_connects_in_claude_code(tmp_path: Path) -> None:
+    if shutil.which("npx") is None:
+        pytest.skip("npx is not installed")
+    (line,) = [
+        line for line in README.splitlines() if line.startswith("claude mcp add ipybox -- uvx --from ")
+    ]
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    argv = _fill(shlex.split(line), workspace)
+    env = {
+        **os.environ,
+        "CLAUDE_CONFIG_DIR": str(tmp_path / "claude"),
+        "DISABLE_TELEMETRY": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+
+    def claude(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["npx", "--yes", CLAUDE_CODE, *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=workspace,
+            timeout=300,
+            check=False,
+        )
+
+    added = claude(*argv[1:])
+    assert added.returncode == 0, added.stdout + added.stderr
+    listed = claude("mcp", "list")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert re.search(r"^ipybox: .*Connected", listed.stdout, re.MULTILINE), listed.stdout

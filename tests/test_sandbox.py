@@ -1,0 +1,395 @@
+"""S6 attacked from real kernel code in the real sandbox (srt), with controls that succeed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import pytest_asyncio
+
+from ipybox import (
+    ApprovalRequest,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    generate_mcp_sources,
+)
+from ipybox.errors import SandboxUnavailableError
+from ipybox.kernel_mgr import _sandbox
+from ipybox.kernel_mgr.client import KernelClient
+from ipybox.kernel_mgr.server import KernelGateway
+from tests.conftest import DEMO_SERVER
+from tests.sandbox_support import require_sandbox
+from tests.servers.demo_server import png_bytes
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
+
+# Kernel code: one HTTP request through srt's proxy, sent by hand (urllib would go direct for
+# the loopback hosts that srt's NO_PROXY lists). Prints the proxy's status line.
+VIA_PROXY = """
+import base64, os, socket, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["HTTP_PROXY"])
+auth = base64.b64encode(f"{{proxy.username}}:{{proxy.password}}".encode()) if proxy.username else b""
+with socket.create_connection((proxy.hostname, proxy.port), timeout=10) as s:
+    s.sendall(b"GET {url} HTTP/1.1\\r\\nHost: {host}\\r\\nConnection: close\\r\\n")
+    s.sendall(b"Proxy-Authorization: Basic " + auth + b"\\r\\n\\r\\n" if auth else b"\\r\\n")
+    answer = b""
+    while chunk := s.recv(65536):
+        answer += chunk
+print(answer.split(b"\\r\\n")[0].decode(), answer.rsplit(b"\\r\\n\\r\\n", 1)[-1].decode())
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A working directory with a `.env`, generated `mcptools/demo`, a registry inside it (the
+    sandbox must protect it there too) and a home directory of its own with a credential store."""
+    require_sandbox()
+    path = tmp_path_factory.mktemp("sandboxed")
+    home = tmp_path_factory.mktemp("home")
+    (home / ".ssh").mkdir()
+    (home / ".ssh" / "id_test").write_text("PRIVATE KEY")
+    (path / ".env").write_text("API_KEY=sandbox-secret\n")
+    (path / "notes.txt").write_text("readable")
+    saved = {name: os.environ.get(name) for name in ("IPYBOX_STATE_DIR", "HOME")}
+    old_cwd = Path.cwd()
+    os.chdir(path)
+    os.environ["IPYBOX_STATE_DIR"] = str(path / "state")
+    os.environ["HOME"] = str(home)
+    try:
+        yield path
+    finally:
+        os.chdir(old_cwd)
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(autouse=True)
+def state_dir(workdir: Path) -> Path:
+    return workdir / "state"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def executor(workdir: Path) -> AsyncIterator[CodeExecutor]:
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    home = os.environ["HOME"]
+    async with CodeExecutor(sandbox=True, images_dir=workdir / "images", kernel_env={"HOME": home}) as ex:
+        yield ex
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def loopback_service() -> AsyncIterator[int]:
+    """Another service on the host's loopback (port returned), answering any request with 'hello'."""
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\nhello")
+        await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    async with server:
+        yield server.sockets[0].getsockname()[1]
+
+
+async def fails(ex: CodeExecutor, code: str, ename: str | tuple[str, ...]) -> CodeExecutionError:
+    with pytest.raises(CodeExecutionError) as info:
+        await ex.execute(code, timeout=60)
+    names = (ename,) if isinstance(ename, str) else ename
+    assert info.value.ename in names, info.value.traceback
+    return info.value
+
+
+async def test_dotenv_of_the_working_directory_cannot_be_read(executor: CodeExecutor) -> None:
+    await fails(executor, "open('.env').read()", "PermissionError")
+    assert (await executor.execute("print(open('notes.txt').read())")).text == "readable"
+
+
+async def test_credential_stores_in_home_cannot_be_read(executor: CodeExecutor) -> None:
+    # srt hides a denied folder under an empty one: the key is simply not there.
+    read = "import os\nopen(os.path.expanduser('~/.ssh/id_test')).read()"
+    await fails(executor, read, ("PermissionError", "FileNotFoundError"))
+    assert (await executor.execute("import os\nprint(os.listdir(os.path.expanduser('~/.ssh')))")).text == "[]"
+
+
+async def test_writes_outside_the_working_directory_fail_and_inside_succeed(
+    executor: CodeExecutor, workdir: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "escaped.txt"
+    await fails(executor, f"open({str(outside)!r}, 'w').write('x')", "OSError")
+    await fails(executor, "open('/usr/escaped.txt', 'w').write('x')", ("OSError", "PermissionError"))
+    assert not outside.exists()
+    await executor.execute("open('written.txt', 'w').write('inside')")
+    assert (workdir / "written.txt").read_text() == "inside"
+    tmp = (await executor.execute("import tempfile\nprint(tempfile.mkstemp()[1])")).text
+    assert tmp is not None and "ipybox-jupyter-" in tmp
+
+
+async def test_the_trusted_registry_cannot_be_written_even_inside_the_working_directory(
+    executor: CodeExecutor, state_dir: Path
+) -> None:
+    registry = state_dir / "servers.json"
+    before = registry.read_text()
+    evil = json.dumps({"version": 1, "servers": {"demo": {"command": "sh", "env": {"X": "${SECRET}"}}}})
+    await fails(executor, f"open({str(registry)!r}, 'w').write({evil!r})", "OSError")
+    await fails(executor, f"open({str(state_dir / 'new.json')!r}, 'w')", "OSError")
+    await fails(executor, f"import os\nos.replace('notes.txt', {str(registry)!r})", "OSError")
+    assert registry.read_text() == before
+
+
+async def test_configuration_that_trusted_programs_read_cannot_be_written_or_created(
+    executor: CodeExecutor, workdir: Path
+) -> None:
+    before = (workdir / ".env").read_text()
+    await fails(
+        executor, "open('.env', 'w').write('KERNEL_ENV_LD_PRELOAD=/tmp/x.so')", ("OSError", "PermissionError")
+    )
+    await fails(executor, "open('sandbox-config.json', 'w').write('{}')", ("OSError", "PermissionError"))
+    await fails(
+        executor,
+        "import os\nos.makedirs('.claude', exist_ok=True)\nopen('.claude/settings.json', 'w').write('{}')",
+        ("OSError", "FileExistsError", "PermissionError"),
+    )
+    assert (workdir / ".env").read_text() == before
+    # While the kernel runs, srt keeps empty placeholders where the files did not exist.
+    placeholder = workdir / "sandbox-config.json"
+    assert not placeholder.exists() or placeholder.read_text() == ""
+    assert not (workdir / ".claude" / "settings.json").exists()
+
+
+async def test_ipython_and_jupyter_folders_are_private(executor: CodeExecutor) -> None:
+    code = (
+        "import os\nfrom IPython.paths import get_ipython_dir\nfrom jupyter_core.paths import jupyter_data_dir\n"
+        "print(get_ipython_dir(), jupyter_data_dir())"
+    )
+    ipython_dir, data_dir = str((await executor.execute(code)).text).split()
+    assert "ipybox-jupyter-" in ipython_dir and "ipybox-jupyter-" in data_dir
+    startup = "import os\nos.makedirs(os.path.expanduser('~/.ipython/profile_default/startup'))"
+    await fails(executor, startup, ("OSError", "PermissionError"))
+
+
+async def test_the_gateway_imports_nothing_the_kernel_planted(executor: CodeExecutor, workdir: Path) -> None:
+    """Kernel code plants a fake ``ipybox`` package in a working directory and a ``sitecustomize``
+    in a folder that ``kernel_env`` puts on ``PYTHONPATH``; a gateway started there (outside the
+    sandbox) must import neither."""
+    marker = workdir / "hijacked.txt"
+    plant = f"""
+import os
+payload = "import sys\\nif any('_gateway_main' in a for a in sys.orig_argv): open({str(marker)!r}, 'a').write('x')\\n"
+os.makedirs('project/ipybox', exist_ok=True)
+os.makedirs('project/site', exist_ok=True)
+open('project/ipybox/__init__.py', 'w').write(payload)
+open('project/site/sitecustomize.py', 'w').write(payload)
+"""
+    await executor.execute(plant)
+    project = workdir / "project"
+    try:
+        async with KernelGateway(working_dir=project, env={"PYTHONPATH": str(project / "site")}) as gateway:
+            assert gateway.running
+        assert not marker.exists()
+    finally:
+        await executor.execute("import shutil\nshutil.rmtree('project')")
+
+
+async def test_other_executors_private_folders_cannot_be_read(executor: CodeExecutor) -> None:
+    """Another executor's kernels keep their connection files (keys) and sockets in a private folder
+    under the same per-user base; this kernel must not see them."""
+    other = Path(tempfile.mkdtemp(prefix="ipybox-jupyter-", dir=_sandbox.private_base()))
+    try:
+        (other / "runtime").mkdir()
+        (other / "runtime" / "kernel-other.json").write_text('{"key": "secret"}')
+        read = f"open({str(other / 'runtime' / 'kernel-other.json')!r}).read()"
+        await fails(executor, read, ("PermissionError", "FileNotFoundError"))
+        listing = f"import os\nprint({other.name!r} in os.listdir({str(other.parent)!r}))"
+        assert (await executor.execute(listing)).text == "False"
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+
+
+async def test_kernel_env_cannot_make_trusted_processes_load_code() -> None:
+    for name in ("LD_PRELOAD", "DYLD_INSERT_LIBRARIES", "NODE_OPTIONS"):
+        with pytest.raises(ValueError, match=name):
+            KernelGateway(env={name: "/tmp/evil"})
+
+
+async def test_the_applications_processes_are_invisible(executor: CodeExecutor) -> None:
+    pid = os.getpid()
+    await fails(executor, f"import os\nos.kill({pid}, 0)", "ProcessLookupError")
+    await fails(executor, f"open('/proc/{pid}/environ').read()", "FileNotFoundError")
+    pids = (
+        await executor.execute("import os\nprint(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+    ).text
+    assert pids is not None and max(json.loads(pids)) < 100
+
+
+async def test_the_kernel_runs_without_capabilities(executor: CodeExecutor) -> None:
+    status = (await executor.execute("print(open('/proc/self/status').read())")).text or ""
+    fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
+    assert int(fields["CapEff"], 16) == 0
+    assert int(fields["CapBnd"], 16) == 0
+    assert fields["NoNewPrivs"].strip() == "1"
+
+
+async def test_another_loopback_service_is_unreachable_directly_and_through_the_proxy(
+    executor: CodeExecutor, loopback_service: int
+) -> None:
+    direct = f"import socket\nsocket.create_connection(('127.0.0.1', {loopback_service}), timeout=5)"
+    await fails(executor, direct, ("ConnectionRefusedError", "OSError", "TimeoutError"))
+    url = f"http://127.0.0.1:{loopback_service}/"
+    answer = (await executor.execute(VIA_PROXY.format(url=url, host=f"127.0.0.1:{loopback_service}"))).text
+    assert answer is not None and " 403 " in answer and "hello" not in answer
+
+
+async def test_an_internet_host_is_unreachable(executor: CodeExecutor) -> None:
+    answer = (await executor.execute(VIA_PROXY.format(url="http://example.com/", host="example.com"))).text
+    assert answer is not None and " 403 " in answer
+    direct = "import socket\nsocket.create_connection(('93.184.215.14', 80), timeout=5)"
+    await fails(executor, direct, ("OSError", "TimeoutError"))
+
+
+async def test_tool_calls_with_approval_reach_the_tool_server(executor: CodeExecutor) -> None:
+    code = "from mcptools.demo import add\nprint(add.run(add.Params(a=2, b=3)).sum)"
+    items = [item async for item in _accepting(executor.stream(code))]
+    assert [(i.server_name, i.tool_name) for i in items if isinstance(i, ApprovalRequest)] == [
+        ("demo", "add")
+    ]
+    assert items[-1] == CodeExecutionResult(text="5", images=[])
+    # The async client path takes the same socket.
+    async_code = (
+        "from ipybox.tool_exec.client import ToolRunner\n"
+        "print((await ToolRunner('demo', {}).run('add', {'a': 1, 'b': 1}))['sum'])"
+    )
+    assert (await executor.execute(async_code)).text == "2"
+
+
+async def test_gathered_async_calls_and_media_results_work_in_the_sandbox(executor: CodeExecutor) -> None:
+    code = """
+import asyncio
+from IPython.display import display
+from mcptools.demo import add, image
+sums = await asyncio.gather(*(add.arun(add.Params(a=n, b=n)) for n in range(5)))
+picture = await image.arun_content(image.Params())
+display(picture.images[0])
+print([s.sum for s in sums])
+"""
+    result = await executor.execute(code)
+    assert result.text == "[0, 2, 4, 6, 8]"
+    assert [path.read_bytes() for path in result.images] == [png_bytes()]
+
+
+async def _accepting(items: AsyncIterator[object]) -> AsyncIterator[object]:
+    async for item in items:
+        if isinstance(item, ApprovalRequest):
+            await item.accept()
+        yield item
+
+
+async def test_a_custom_config_can_allow_one_more_host(
+    workdir: Path, loopback_service: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The extra-domain mechanism, against a host loopback service allowed in the config."""
+    monkeypatch.setenv("IPYBOX_APPLICATION_SECRET", "app-secret")
+    config = workdir / "extra-host.json"
+    config.write_text(
+        json.dumps(
+            {
+                "network": {"allowedDomains": [f"127.0.0.1:{loopback_service}"]},
+                "filesystem": {"denyRead": [str(workdir / ".env")], "allowWrite": [str(workdir)]},
+            }
+        )
+    )
+    url = f"http://127.0.0.1:{loopback_service}/"
+    async with CodeExecutor(sandbox=True, sandbox_config=config) as ex:
+        answer = (await ex.execute(VIA_PROXY.format(url=url, host=f"127.0.0.1:{loopback_service}"))).text
+        assert answer is not None and " 200 " in answer and "hello" in answer
+        # The fixed rules hold whatever the config says: nothing of the application's
+        # environment reaches the kernel, and the registry stays unwritable.
+        leaked = (
+            "import os\nprint([k for k, v in os.environ.items() if 'app-secret' in v or 'APPLICATION' in k])"
+        )
+        assert (await ex.execute(leaked)).text == "[]"
+        registry = os.environ["IPYBOX_STATE_DIR"] + "/servers.json"
+        await fails(ex, f"open({registry!r}, 'a').write('x')", "OSError")
+
+
+async def test_the_shipped_example_config_allows_its_extra_domain_and_nothing_else(workdir: Path) -> None:
+    """The proxy's decision is checked, not the internet: an allowed CONNECT is not refused
+    with 403 (it may still fail upstream where there is no internet), a denied one is."""
+    example = ROOT / "examples" / "sandbox-kernel.json"
+    domains = json.loads(example.read_text())["network"]["allowedDomains"]
+    assert len(domains) == 1
+    code = """
+import base64, os, socket, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+auth = base64.b64encode(f"{proxy.username}:{proxy.password}".encode()).decode() if proxy.username else ""
+def connect(host):
+    with socket.create_connection((proxy.hostname, proxy.port), timeout=10) as s:
+        head = f"CONNECT {host}:443 HTTP/1.1\\r\\nHost: {host}:443\\r\\n"
+        head += f"Proxy-Authorization: Basic {auth}\\r\\n" if auth else ""
+        s.sendall(head.encode() + b"\\r\\n")
+        try:
+            return s.recv(200).split(b"\\r\\n")[0].decode() or "closed"
+        except TimeoutError:
+            return "no answer within 10 s (not refused)"
+"""
+    code += f"print(connect({domains[0]!r}), '|', connect('example.com'))"
+    async with CodeExecutor(sandbox=True, sandbox_config=example) as ex:
+        allowed, denied = ((await ex.execute(code, timeout=60)).text or "").split(" | ")
+        assert " 403 " not in allowed, f"the proxy refused {domains[0]}, which the example allows: {allowed}"
+        assert " 403 " in denied, f"the proxy let example.com through: {denied}"
+        await fails(ex, "open('.env').read()", "PermissionError")
+
+
+async def test_sandboxed_kernels_end_when_their_gateway_is_killed(workdir: Path) -> None:
+    """ipykernel's parent check cannot see the gateway from the sandbox: the gateway's lock does."""
+    async with KernelGateway(port=None, sandbox=True) as gateway, KernelClient(port=gateway.port) as client:
+        assert (await client.execute("print(1)")).text == "1"
+        assert gateway._process is not None
+        process = psutil.Process(gateway._process.pid)
+        kernels = process.children(recursive=True)
+        assert any("ipykernel_launcher" in " ".join(p.cmdline()) for p in kernels)
+        process.kill()
+        _, alive = await asyncio.to_thread(psutil.wait_procs, kernels, timeout=30)
+        assert alive == [], f"still running after the gateway was killed: {alive}"
+
+
+async def test_a_missing_tool_fails_at_start_naming_it_and_its_install_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("IPYBOX_SRT", raising=False)
+    monkeypatch.setattr(_sandbox, "_REPO_SRT", tmp_path / "no-srt")
+    gateway = KernelGateway(port=None, sandbox=True)
+    with pytest.raises(SandboxUnavailableError) as info:
+        await gateway.start()
+    message = str(info.value)
+    for name in ("srt", "bwrap", "socat"):
+        assert name in message
+    assert "apt-get install bubblewrap socat ripgrep" in message and "npm" in message
+    assert not gateway.running
+    with pytest.raises(SandboxUnavailableError, match="bwrap"):
+        await CodeExecutor(sandbox=True).start()
+
+
+async def test_a_broken_config_fails_at_start_with_what_to_fix(tmp_path: Path) -> None:
+    require_sandbox()
+    config = tmp_path / "broken.json"
+    config.write_text("{not json")
+    with pytest.raises(SandboxUnavailableError, match="not valid JSON"):
+        async with CodeExecutor(sandbox=True, sandbox_config=config):
+            pass
