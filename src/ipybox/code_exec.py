@@ -447,9 +447,12 @@ class CodeExecutor:
                 )
             try:
                 await kernel.reset()
+                # A gateway killed just after its kernel may still look alive, and the spare's
+                # connection may not have noticed yet: one round trip proves the fresh kernel works.
+                await kernel.execute("", timeout=10)
                 return f"{died}; a fresh kernel has replaced it and {lost}."
-            except (KernelConnectionError, httpx.HTTPError, OSError):
-                pass  # no kernel could be created: the gateway itself is gone or broken
+            except (KernelConnectionError, ExecutionError, TimeoutError, httpx.HTTPError, OSError):
+                pass  # no working kernel: the gateway itself is gone or broken
         try:
             await kernel.disconnect()
             await gateway.stop()
