@@ -43,6 +43,7 @@ class Figure:
 
 FIGURES = [
     Figure("execute", 'KernelClient.execute("x = 1"), median', 0.1),
+    Figure("kernel_floor", "baseline: ipykernel alone, busy to idle of that cell", None, ("ours",)),
     Figure("start", "KernelGateway start to first result", 0.4),
     Figure("reset", "KernelClient.reset() to next result", 0.15),
     Figure("executor_start", "CodeExecutor start to first result", 0.4),
@@ -192,6 +193,12 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"\nreset figures: each timed reset follows {', '.join(f'{g:g}' for g in sorted(gaps))} s idle (--reset-gap)"
         )
     ours = {row["figure"]: row["ours"] for row in rows if row["ours"]}
+    if "kernel_floor" in ours and "execute" in ours:
+        floor = float(ours["kernel_floor"]["value"])
+        print(
+            f"\ngateway, transport and ipybox per execute (ours): execute - kernel_floor = "
+            f"{float(ours['execute']['value']) - floor:.2f} ms of {float(ours['execute']['value']):.2f} ms"
+        )
     if "mcp_floor" in ours and ("tool_call" in ours or "approval_call" in ours):
         floor = float(ours["mcp_floor"]["value"])
         costs = [

@@ -89,6 +89,42 @@ async def fig_execute(args: argparse.Namespace) -> dict[str, Any]:
     return summary(samples)
 
 
+async def fig_kernel_floor(args: argparse.Namespace) -> dict[str, Any]:
+    """ipykernel's own time for the `execute` cell: from its busy to its idle status.
+
+    No ipybox and no gateway are involved: jupyter_client talks to an ipykernel started with
+    the arguments ipybox gives its kernels, and the figure is read off the kernel's own
+    message timestamps. No client of a Jupyter kernel can answer faster than this, so
+    `execute - kernel_floor` is what the gateway, the transport and ipybox add.
+    """
+    from jupyter_client.manager import start_new_async_kernel
+
+    from ipybox.kernel_mgr.server import _KERNEL_ARGS
+
+    runs = 60 if args.quick else 300
+    manager, client = await start_new_async_kernel(kernel_name="python3", extra_arguments=list(_KERNEL_ARGS))
+
+    async def busy_to_idle() -> float:
+        msg_id = client.execute(TRIVIAL)
+        states: dict[str, float] = {}
+        while "idle" not in states:
+            message = await client.get_iopub_msg(timeout=30)
+            if message["parent_header"].get("msg_id") == msg_id and message["msg_type"] == "status":
+                states[message["content"]["execution_state"]] = message["header"]["date"].timestamp()
+        while (await client.get_shell_msg(timeout=30))["parent_header"].get("msg_id") != msg_id:
+            pass
+        return states["idle"] - states["busy"]
+
+    try:
+        for _ in range(10):
+            await busy_to_idle()
+        samples = [ms(await busy_to_idle()) for _ in range(runs)]
+    finally:
+        client.stop_channels()
+        await manager.shutdown_kernel(now=True)
+    return summary(samples)
+
+
 async def fig_start(args: argparse.Namespace) -> dict[str, Any]:
     from ipybox.kernel_mgr.client import KernelClient
     from ipybox.kernel_mgr.server import KernelGateway
@@ -419,6 +455,7 @@ async def fig_memory(args: argparse.Namespace) -> dict[str, Any]:
 
 FIGURES: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]]] = {
     "execute": fig_execute,
+    "kernel_floor": fig_kernel_floor,
     "start": fig_start,
     "reset": fig_reset,
     "executor_start": fig_executor_start,
