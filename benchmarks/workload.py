@@ -403,6 +403,66 @@ async def fig_mcp_floor(args: argparse.Namespace) -> dict[str, Any]:
     return summary(samples)
 
 
+async def fig_tool_overhead(args: argparse.Namespace) -> dict[str, Any]:
+    """ipybox's own cost per tool call, measured in pairs against the MCP SDK alone.
+
+    `tool_call`, `approval_call` and `mcp_floor` run minutes apart, and the SDK's round trip
+    alone moves by more than ipybox's cost between such runs. Here one process holds all
+    three paths, each to its own copy of the echo server, and calls them in turn from a worker
+    thread (as `tool_call` does): the SDK directly, then `run_sync` through an auto-approving
+    `ToolServer`, then `run_sync` through one whose `ApprovalClient` accepts at once. The figure is the median of the per-round
+    differences from the SDK call (`approval` beside it).
+    """
+    from mcp.client import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
+    from ipybox.tool_exec.client import ToolRunner
+    from ipybox.tool_exec.server import ToolServer
+
+    runs = 60 if args.quick else 300
+    server_params = {"command": args.mcp_python, "args": [str(BENCH_SERVER)]}
+    tool_args = {"text": "hello"}
+    auto_port, approval_port = free_port(), free_port()
+
+    async def accept(request: ApprovalRequest) -> None:
+        await request.accept()
+
+    auto = ToolRunner(server_name="bench", server_params=server_params, port=auto_port)
+    approved = ToolRunner(server_name="bench", server_params=server_params, port=approval_port)
+
+    def timed_call(runner: ToolRunner) -> float:
+        start = time.perf_counter()
+        runner.run_sync("echo", tool_args)
+        return ms(time.perf_counter() - start)
+
+    direct = StdioServerParameters(command=args.mcp_python, args=[str(BENCH_SERVER)])
+    tool_minus_floor: list[float] = []
+    approval_minus_floor: list[float] = []
+    async with (
+        ToolServer(port=auto_port, approval_required=False),
+        ToolServer(port=approval_port, approval_required=True),
+        ApprovalClient(callback=accept, port=approval_port),
+        Client(direct, mode="legacy") as client,
+    ):
+        loop = asyncio.get_running_loop()
+
+        def timed_floor() -> float:
+            # From a worker thread too, so that both sides pay the same hop to the event loop.
+            start = time.perf_counter()
+            asyncio.run_coroutine_threadsafe(client.call_tool("echo", tool_args), loop).result()
+            return ms(time.perf_counter() - start)
+
+        for round_ in range(10 + runs):
+            floor = await asyncio.to_thread(timed_floor)
+            tool = await asyncio.to_thread(timed_call, auto)
+            approval = await asyncio.to_thread(timed_call, approved)
+            if round_ >= 10:
+                tool_minus_floor.append(tool - floor)
+                approval_minus_floor.append(approval - floor)
+    return {**summary(tool_minus_floor), "approval": statistics.median(approval_minus_floor)}
+
+
 async def fig_apigen(args: argparse.Namespace) -> dict[str, Any]:
     from ipybox import generate_mcp_sources
 
@@ -464,6 +524,7 @@ FIGURES: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, 
     "tool_call": fig_tool_call,
     "approval_call": fig_approval_call,
     "mcp_floor": fig_mcp_floor,
+    "tool_overhead": fig_tool_overhead,
     "concurrent_calls": fig_concurrent_calls,
     "kernel_concurrent": fig_kernel_concurrent,
     "throughput": fig_throughput,

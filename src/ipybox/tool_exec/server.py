@@ -267,6 +267,11 @@ class ToolServer:
             ws="websockets-sansio",
             timeout_keep_alive=300,
             timeout_graceful_shutdown=5,
+            # Callers are kernels on this machine, never behind a proxy; each of these is work
+            # on every request that nobody reads.
+            proxy_headers=False,
+            server_header=False,
+            date_header=False,
         )
         server = _Uvicorn(config)
         serve_task = asyncio.create_task(server.serve(sockets=sockets), name="ipybox-tool-server")
