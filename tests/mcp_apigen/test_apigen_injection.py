@@ -16,6 +16,7 @@ import itertools
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +227,12 @@ def tool_lists(draw: st.DrawFn) -> list[Tool]:
             )
         )
     return tools
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_the_canary_folder() -> Iterator[None]:
+    yield
+    shutil.rmtree(CANARY.parent, ignore_errors=True)
 
 
 def test_the_canary_payload_really_creates_the_canary_when_executed() -> None:
