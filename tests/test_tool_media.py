@@ -164,6 +164,19 @@ async def test_a_tool_servers_own_limit_fails_a_larger_result_over_stdio_and_the
         assert await runner.run("echo", {"text": "small"}) == "small"
 
 
+async def test_an_executors_own_limit_fails_a_larger_result_and_the_next_call_works(workdir: Path) -> None:
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    async with CodeExecutor(
+        images_dir=workdir / "images", approve_tool_calls=False, max_result_size=10_000
+    ) as ex:
+        with pytest.raises(CodeExecutionError, match=r"over the tool server.s limit of 10000"):
+            await ex.execute("from mcptools.demo import blob\nblob.run_content(blob.Params(size=10_000))")
+        code = "from mcptools.demo import blob\nprint(len(blob.run_content(blob.Params(size=5_000)).parts[0].data))"
+        assert (await ex.execute(code)).text == "5000"
+    with pytest.raises(ValueError, match="max_result_size must be a positive number"):
+        CodeExecutor(max_result_size=0)
+
+
 async def test_a_tool_server_refuses_a_limit_that_is_not_positive() -> None:
     with pytest.raises(ValueError, match="max_result_size must be a positive number"):
         ToolServer(max_result_size=0)

@@ -28,7 +28,7 @@ from ipybox.kernel_mgr.client import ExecutionResult, KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
-from ipybox.tool_exec.server import ToolServer
+from ipybox.tool_exec.server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 
 __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
 
@@ -125,6 +125,9 @@ class CodeExecutor:
             the output. ``None``: the application's working directory, and ``os.chdir`` persists.
         spare_kernel: Keep a spare kernel warm so that `reset()` takes milliseconds; ``False``
             saves that kernel's memory (the MCP server's HTTP sessions do).
+        max_result_size: Bytes one tool result may have on its way to the kernel (binary content
+            counts as its base64; default 32 MiB); a larger result fails that call with an error
+            naming the limit, and the next call works.
     """
 
     def __init__(
@@ -148,7 +151,10 @@ class CodeExecutor:
         memory_limit: int | str | None = None,
         max_processes: int | None = None,
         spare_kernel: bool = True,
+        max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
     ) -> None:
+        if max_result_size <= 0:
+            raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
         self.tool_server_host = tool_server_host
         self.tool_server_port = tool_server_port
         self.kernel_gateway_host = kernel_gateway_host
@@ -167,6 +173,7 @@ class CodeExecutor:
         self.memory_limit = memory_limit
         self.max_processes = max_processes
         self.spare_kernel = spare_kernel
+        self.max_result_size = max_result_size
         self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
@@ -220,6 +227,7 @@ class CodeExecutor:
                 token=token,
                 approval_secret=approval_secret,
                 approve_tool_calls=self.approve_tool_calls,
+                max_result_size=self.max_result_size,
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
             )
             await stack.enter_async_context(tool_server)
