@@ -7,6 +7,7 @@ output or block the kernel in C code. Everything goes through the public API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -28,6 +29,7 @@ from ipybox import (
 )
 from ipybox.tool_exec._registry import ServerRegistry
 from tests.conftest import DEMO_SERVER
+from tests.sandbox_support import require_sandbox
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -302,3 +304,49 @@ async def test_the_approval_process_killed_mid_call_fails_the_pending_call_at_on
             await approver.wait()
             for runner in runners:
                 await runner.aclose()
+
+
+APPLICATION = """
+import asyncio, sys
+from pathlib import Path
+from ipybox import CodeExecutor
+
+async def main():
+    async with CodeExecutor(images_dir=Path("images"), sandbox=sys.argv[1] == "sandbox") as executor:
+        await executor.execute("x = 1")
+        print("RUNNING", flush=True)
+        await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("mode", ["plain", "sandbox"])
+async def test_an_application_killed_with_sigkill_leaves_no_gateway_or_kernel_behind(
+    mode: str, workdir: Path
+) -> None:
+    if mode == "sandbox":
+        require_sandbox()
+    application = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", APPLICATION, mode, stdout=asyncio.subprocess.PIPE, cwd=workdir
+    )
+    assert application.stdout is not None
+    left: list[psutil.Process] = []
+    try:
+        assert await asyncio.wait_for(application.stdout.readline(), 120) == b"RUNNING\n"
+        left = psutil.Process(application.pid).children(recursive=True)
+        assert any("_gateway_main" in " ".join(p.cmdline()) for p in left)
+        assert any("ipykernel_launcher" in " ".join(p.cmdline()) for p in left)
+        application.kill()
+        await application.wait()
+        # The gateway reads end of file on the stdin the application held, stops, and its
+        # kernels go with it (sandboxed ones through the lock the gateway held).
+        _, alive = await asyncio.to_thread(psutil.wait_procs, left, 60)
+        assert alive == [], f"left running after the application was killed: {alive}"
+    finally:
+        if application.returncode is None:
+            application.kill()
+            await application.wait()
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()

@@ -93,7 +93,13 @@ def test_the_gateway_process_gets_only_allow_listed_variables(
     assert env["FOR_KERNELS"] == "yes"
     assert env["KG_ENV_PROCESS_WHITELIST"] == "FOR_KERNELS"
     assert env["KG_AUTH_TOKEN"] == "gateway-token"
-    internal = {"FOR_KERNELS", "KG_ENV_PROCESS_WHITELIST", "KG_AUTH_TOKEN", "PYTHONUNBUFFERED"}
+    internal = {
+        "FOR_KERNELS",
+        "KG_ENV_PROCESS_WHITELIST",
+        "KG_AUTH_TOKEN",
+        "PYTHONUNBUFFERED",
+        "IPYBOX_EXIT_WITH_PARENT",
+    }
     internal |= {"JUPYTER_PATH", "JUPYTER_RUNTIME_DIR"}
     assert set(env) - internal <= {
         "PATH",

@@ -14,6 +14,12 @@ It runs the stock Jupyter Kernel Gateway application with two changes, both for 
   idle once and not watched. Death and restarts still reach clients through the
   channels connection.
 
+The application keeps this process's stdin open and never writes to it
+(``IPYBOX_EXIT_WITH_PARENT``): end of file means the application is gone, even killed with
+SIGKILL, and the gateway then stops as it does on SIGTERM, its kernels with it. A
+parent-death signal cannot do this, because Linux sends it when the thread that started the
+process ends, and applications start executors from worker threads.
+
 Sandboxed kernels, which cannot see this process, exit when the lock it holds on
 ``IPYBOX_GATEWAY_LOCK`` is released. With resource limits in control groups (``IPYBOX_KERNEL_GROUPS``), a kernel's groups are
 also cleared as soon as its process has ended.
@@ -63,6 +69,20 @@ if _GATEWAY_LOCK:
 
     _lock_fd = os.open(_GATEWAY_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(_lock_fd, fcntl.LOCK_EX)
+
+if os.environ.get("IPYBOX_EXIT_WITH_PARENT") == "1":
+    import signal
+    import threading
+    import time
+
+    def _exit_with_parent() -> None:
+        while sys.stdin.buffer.read(4096):
+            pass  # nothing is ever written; end of file is the message
+        os.kill(os.getpid(), signal.SIGTERM)  # the gateway's own shutdown: kernels too
+        time.sleep(10)
+        os._exit(1)
+
+    threading.Thread(target=_exit_with_parent, name="ipybox-parent-watch", daemon=True).start()
 
 _GROUPS = json.loads(os.environ.get("IPYBOX_KERNEL_GROUPS") or "[]")
 if _GROUPS:

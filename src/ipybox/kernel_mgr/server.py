@@ -206,7 +206,9 @@ class KernelGateway:
             self._write_kernel_spec(self._jupyter_dir)
             self._process = await asyncio.create_subprocess_exec(
                 *self._command(),
-                stdin=asyncio.subprocess.DEVNULL,
+                # Held open, never written: the gateway stops when it reads end of file, which
+                # happens when this process ends, however it ends (even SIGKILL).
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 env=self._gateway_env(),
@@ -262,6 +264,8 @@ class KernelGateway:
         try:
             await asyncio.shield(_terminate_tree(process, timeout))
         finally:
+            if process.stdin is not None:
+                process.stdin.close()
             if self._jupyter_dir is not None:
                 shutil.rmtree(self._jupyter_dir, ignore_errors=True)
                 self._jupyter_dir = None
@@ -323,6 +327,7 @@ class KernelGateway:
         # create request carries an "env" object (KernelClient always sends one).
         env["KG_ENV_PROCESS_WHITELIST"] = ",".join(kernel_env)
         env["PYTHONUNBUFFERED"] = "1"
+        env["IPYBOX_EXIT_WITH_PARENT"] = "1"
         env.update(self._limits.gateway_env())
         if self.sandbox:
             env["IPYBOX_GATEWAY_LOCK"] = str(self._jupyter_dir / "runtime" / "gateway.lock")
