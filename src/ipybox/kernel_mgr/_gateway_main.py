@@ -1,6 +1,6 @@
 """Entry point of the gateway child process: ``python -m ipybox.kernel_mgr._gateway_main``.
 
-It runs the stock Jupyter Kernel Gateway application with two changes, both for speed:
+It runs the stock Jupyter Kernel Gateway application with three changes, all for speed:
 
 - ``jsonschema`` imports ``rfc3987_syntax`` (via nbformat) when it is installed, which
   builds a parser at import time and costs over a second; the gateway never validates
