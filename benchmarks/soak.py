@@ -297,7 +297,12 @@ def main() -> int:
     samples: list[Sample] = outcome["samples"]
     steady = [s for s in samples if s.seconds >= warmup]
     memory_slope = slope_per_minute(steady, lambda s: s.pss_mb)
-    fd_slope = slope_per_minute(steady, lambda s: s.fds)
+    # Each process of the tree holds dozens of descriptors, and a reset or an MCP server's
+    # restart changes the count for a moment: a window floor caught then is one process short,
+    # a jump bigger than a short run's allowance. Descriptors are compared across samples of
+    # the usual number of processes, where a leak still shows and those jumps do not.
+    usual = statistics.mode(s.processes for s in steady) if steady else 0
+    fd_slope = slope_per_minute([s for s in steady if s.processes == usual], lambda s: s.fds)
     minutes = {
         minute: {kind: percentiles(values) for kind, values in kinds.items()}
         for minute, kinds in sorted(tally.latencies.items())
