@@ -7,8 +7,9 @@ Every outcome is checked (a wrong answer or an unexpected error fails the run at
 
 Every few seconds the script samples the whole process tree (this process, the gateway,
 kernels, MCP servers): memory (PSS), open file descriptors and the number of processes.
-After a warm-up it fits a line through memory and descriptors over time and fails if
-either grows faster than its limit by more than a healthy tree swings (the allowances); at the end it fails if any process of the tree is
+After a warm-up it fits a line through memory and descriptors over time (samples with the
+usual number of processes) and fails if either grows faster than its limit by more than a
+healthy tree swings (the allowances); at the end it fails if any process of the tree is
 left over after `stop()`. It prints a summary, and optionally writes every sample and
 per-minute latency percentiles as JSON and memory over time as a PNG plot.
 
@@ -296,13 +297,15 @@ def main() -> int:
     tally: Tally = outcome["tally"]
     samples: list[Sample] = outcome["samples"]
     steady = [s for s in samples if s.seconds >= warmup]
-    memory_slope = slope_per_minute(steady, lambda s: s.pss_mb)
-    # Each process of the tree holds dozens of descriptors, and a reset or an MCP server's
-    # restart changes the count for a moment: a window floor caught then is one process short,
-    # a jump bigger than a short run's allowance. Descriptors are compared across samples of
-    # the usual number of processes, where a leak still shows and those jumps do not.
+    # Each process of the tree holds dozens of descriptors and tens of MB, and a reset or an
+    # MCP server's restart changes the count for a moment: a window floor caught then is one
+    # process short, a jump bigger than a short run's allowance. Memory and descriptors are
+    # compared across samples of the usual number of processes, where a leak still shows and
+    # those jumps do not.
     usual = statistics.mode(s.processes for s in steady) if steady else 0
-    fd_slope = slope_per_minute([s for s in steady if s.processes == usual], lambda s: s.fds)
+    usual_samples = [s for s in steady if s.processes == usual]
+    memory_slope = slope_per_minute(usual_samples, lambda s: s.pss_mb)
+    fd_slope = slope_per_minute(usual_samples, lambda s: s.fds)
     minutes = {
         minute: {kind: percentiles(values) for kind, values in kinds.items()}
         for minute, kinds in sorted(tally.latencies.items())
