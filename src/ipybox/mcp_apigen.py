@@ -19,16 +19,17 @@ servers reject ``null`` for a parameter that is merely optional. The price is th
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import secrets
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from ipybox import _codegen
+from ipybox import _codegen, _confined
 from ipybox.errors import ApiGenerationError, ServerParamsError
 
 if TYPE_CHECKING:
@@ -65,7 +66,9 @@ async def generate_mcp_sources(
             must be an ASCII Python identifier that is not a keyword.
         server_params: MCP server parameters: ``{"command", "args", "env", "cwd"}`` for a
             stdio server, ``{"url", "headers", "type"}`` for an HTTP server.
-        root_dir: Directory the package is written into (created if missing).
+        root_dir: Directory the package is written into (created if missing). It and everything
+            in it are walked without following symbolic links (kernel code may write there), so
+            ``root_dir`` itself must not be a link; its parent is taken as given.
         connect_timeout: Seconds the server has to start and answer the listing.
 
     Returns:
@@ -101,35 +104,54 @@ async def generate_mcp_sources(
 
 def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> list[str]:
     sources = render_sources(server_name, tools)
+    root_dir = Path(os.path.normpath(root_dir.absolute()))
     target = root_dir / server_name
-    # Written next to the target and swapped in, so a failure never leaves half a package.
-    # (mkdir, not mkdtemp: the package directory gets the usual permissions, not 0700.)
-    staging = root_dir / f".{server_name}.{secrets.token_hex(6)}.new"
-    retired = root_dir / f".{server_name}.{secrets.token_hex(6)}.old"
     try:
-        root_dir.mkdir(parents=True, exist_ok=True)
-        staging.mkdir()
-        try:
-            for module, code in sources.items():
-                (staging / f"{module}.py").write_text(code, encoding="utf-8")
-            if target.is_symlink() or target.is_file():
-                target.unlink()
-            elif target.exists():
-                target.rename(retired)
+        # root_dir's parent is taken as the application names it; root_dir and everything in it
+        # are walked without following links, which kernel code may have put there.
+        root_dir.parent.mkdir(parents=True, exist_ok=True)
+        with _confined.Confined(root_dir.parent) as base:
+            folder = base.open_dir([root_dir.name] if root_dir.name else [], create=True)
             try:
-                staging.rename(target)
-            except OSError:
-                if retired.exists():
-                    retired.rename(target)
-                raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-            shutil.rmtree(retired, ignore_errors=True)
-    except OSError as exc:
+                _swap_in(folder, server_name, sources)
+            finally:
+                os.close(folder)
+    except (OSError, _confined.ConfinedPathError) as exc:
         raise ApiGenerationError(
             f"Could not write the package for MCP server {server_name!r} to {target}: {exc}"
         ) from exc
     return sorted(module for module in sources if module != "__init__")
+
+
+def _swap_in(folder: int, server_name: str, sources: dict[str, str]) -> None:
+    """Write the package into a fresh folder inside `folder`, then rename it to `server_name`.
+
+    A failure never leaves half a package; the old package (or whatever kernel code put in its
+    place: a link is renamed and unlinked, never followed) is removed only once the new one is in.
+    """
+    # mkdir, not mkdtemp: the package directory gets the usual permissions, not 0700.
+    staging = f".{server_name}.{secrets.token_hex(6)}.new"
+    retired = f".{server_name}.{secrets.token_hex(6)}.old"
+    os.mkdir(staging, 0o777, dir_fd=folder)
+    try:
+        staged = _confined.open_child_dir(folder, staging)
+        try:
+            for module, code in sources.items():
+                _confined.write_new(staged, f"{module}.py", code)
+        finally:
+            os.close(staged)
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(server_name, retired, src_dir_fd=folder, dst_dir_fd=folder)
+        try:
+            os.rename(staging, server_name, src_dir_fd=folder, dst_dir_fd=folder)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rename(retired, server_name, src_dir_fd=folder, dst_dir_fd=folder)
+            raise
+    finally:
+        for leftover in (staging, retired):
+            with contextlib.suppress(OSError):
+                _confined.remove_entry(folder, leftover)
 
 
 def render_sources(server_name: str, tools: Sequence[Tool]) -> dict[str, str]:

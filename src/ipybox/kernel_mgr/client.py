@@ -7,6 +7,7 @@ import base64
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -20,6 +21,7 @@ import httpx
 import websockets
 from websockets.asyncio.client import ClientConnection
 
+from ipybox._confined import Confined, ConfinedPathError, write_new
 from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
 
 __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
@@ -397,7 +399,12 @@ class KernelClient:
             elif msg_type in ("execute_result", "display_data"):
                 data = content.get("data", {})
                 if "image/png" in data:
-                    images.append(self._save_image(data["image/png"]))
+                    saved = self._save_image(data["image/png"])
+                    if isinstance(saved, Path):
+                        images.append(saved)
+                    else:
+                        chunks.append(saved)
+                        yield saved
                 elif "text/plain" in data:
                     text = _ANSI.sub("", data["text/plain"]) + "\n"
                     chunks.append(text)
@@ -431,11 +438,28 @@ class KernelClient:
                         return True
         return False
 
-    def _save_image(self, b64: str) -> Path:
-        self.images_dir.mkdir(parents=True, exist_ok=True)
-        path = (self.images_dir / f"{uuid.uuid4().hex[:12]}.png").absolute()
-        path.write_bytes(base64.b64decode(b64))
-        return path
+    def _save_image(self, b64: str) -> Path | str:
+        """Save a PNG the code displayed; its path, or a line of output saying why it was not saved."""
+        try:
+            return self._write_image(b64)
+        except ConfinedPathError as exc:
+            logger.warning("An image was not saved: %s", exc)
+            return f"[The image was not saved: {exc}]\n"
+
+    def _write_image(self, b64: str) -> Path:
+        # Kernel code can write the images folder (by default in its working directory): the
+        # folder is walked without following links, so one put in its place is refused, and the
+        # file is created new. Its parent is taken as the application names it.
+        folder = Path(os.path.normpath(self.images_dir.absolute()))
+        name = f"{uuid.uuid4().hex[:12]}.png"
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with Confined(folder.parent) as parent:
+            fd = parent.open_dir([folder.name] if folder.name else [], create=True)
+            try:
+                write_new(fd, name, base64.b64decode(b64))
+            finally:
+                os.close(fd)
+        return folder / name
 
     async def _open_kernel(self) -> _Kernel:
         assert self._http is not None

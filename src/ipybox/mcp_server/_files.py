@@ -1,51 +1,19 @@
-"""Files in and out of the workspace, confined to it."""
+"""Files in and out of the workspace for the MCP server's tools, through `ipybox._confined`."""
 
 from __future__ import annotations
 
 import base64
 import binascii
 import os
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
+
+from ipybox._confined import Confined, ConfinedPathError, TooLargeError, check_unprotected, relative_parts
+from ipybox.tool_exec._registry import default_registry_path
 
 MAX_FILE_BYTES = 20 * 1024 * 1024
 
-
-class WorkspacePathError(ValueError):
-    """A path that would leave the workspace, or a file that cannot be transferred."""
-
-
-def resolve(workspace: Path, relative: str) -> Path:
-    """The path `relative` names inside `workspace`, refusing every way out of it.
-
-    Refused: an empty path, an absolute path (POSIX or Windows style), a ``..`` component,
-    and a path that leaves the workspace through a symbolic link.
-
-    Raises:
-        WorkspacePathError: If the path is refused; the message says why.
-    """
-    if not isinstance(relative, str) or not relative.strip():
-        raise WorkspacePathError(
-            "The path is empty: give a path relative to the workspace, e.g. 'data/input.csv'."
-        )
-    if "\x00" in relative:
-        raise WorkspacePathError(f"The path {relative!r} contains a NUL character.")
-    posix, windows = PurePosixPath(relative), PureWindowsPath(relative)
-    if posix.is_absolute() or windows.is_absolute() or windows.drive or relative.startswith(("/", "\\")):
-        raise WorkspacePathError(
-            f"The path {relative!r} is absolute: give a path relative to the workspace, e.g. 'data/input.csv'."
-        )
-    if ".." in posix.parts or ".." in windows.parts:
-        raise WorkspacePathError(
-            f"The path {relative!r} contains '..': give a path inside the workspace without '..'."
-        )
-    root = workspace.resolve()
-    target = (root / relative).resolve()
-    if target != root and not target.is_relative_to(root):
-        raise WorkspacePathError(
-            f"The path {relative!r} leads out of the workspace through a symbolic link; "
-            "only files inside the workspace can be transferred."
-        )
-    return target
+WorkspacePathError = ConfinedPathError
+"""A path that would leave the workspace, or a file that cannot be transferred."""
 
 
 def server_folder(workspace: Path, folder: Path) -> Path:
@@ -83,14 +51,17 @@ def server_folder(workspace: Path, folder: Path) -> Path:
     return folder
 
 
-def write(workspace: Path, relative: str, content_base64: str, max_bytes: int = MAX_FILE_BYTES) -> Path:
-    """Decode `content_base64` and write it to `relative` in the workspace (parents created).
+def write(workspace: Path, relative: str, content_base64: str, max_bytes: int = MAX_FILE_BYTES) -> int:
+    """Decode `content_base64` and write it to `relative` in the workspace; the number of bytes written.
+
+    Parent folders are created; an existing file is replaced (atomically, never written in
+    place). Protected names (`ipybox._confined.PROTECTED_NAMES`, the registry) are refused.
 
     Raises:
         WorkspacePathError: If the path is refused, the content is not base64, or it is larger
             than `max_bytes`.
     """
-    target = resolve(workspace, relative)
+    _check(workspace, relative)
     # Base64 takes 4 characters per 3 bytes: refuse oversized input before decoding it.
     if len(content_base64) > (max_bytes + 2) // 3 * 4 + 4:
         raise WorkspacePathError(_too_large(relative, max_bytes, "upload"))
@@ -102,37 +73,42 @@ def write(workspace: Path, relative: str, content_base64: str, max_bytes: int = 
         ) from exc
     if len(data) > max_bytes:
         raise WorkspacePathError(_too_large(relative, max_bytes, "upload"))
-    if target.is_dir():
-        raise WorkspacePathError(f"The path {relative!r} is a folder in the workspace; give a file name.")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # O_NOFOLLOW: a link put in place after the check above is not followed either.
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "wb") as file:
-        file.write(data)
-    return target
+    with Confined(workspace) as root:
+        root.write_atomic(relative, data)
+    return len(data)
 
 
-def read(workspace: Path, relative: str, max_bytes: int = MAX_FILE_BYTES) -> tuple[Path, bytes]:
-    """Read the file `relative` in the workspace.
+def read(workspace: Path, relative: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+    """The content of the file `relative` in the workspace.
+
+    Refused: links anywhere on the path, folders, anything but a regular file with a single
+    hard link, protected names, and files over `max_bytes`.
 
     Raises:
         WorkspacePathError: If the path is refused, is not a file, or the file is larger
             than `max_bytes`.
     """
-    target = resolve(workspace, relative)
-    if not target.is_file():
-        raise WorkspacePathError(
-            f"There is no file {relative!r} in the workspace; list files from code, e.g. "
-            "`import os; os.listdir('.')`."
-        )
-    if target.stat().st_size > max_bytes:
-        raise WorkspacePathError(_too_large(relative, max_bytes, "download"))
-    fd = os.open(target, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    with os.fdopen(fd, "rb") as file:
-        data = file.read(max_bytes + 1)
-    if len(data) > max_bytes:
-        raise WorkspacePathError(_too_large(relative, max_bytes, "download"))
-    return target, data
+    _check(workspace, relative)
+    with Confined(workspace) as root:
+        try:
+            return root.read_bytes(relative, max_bytes)
+        except TooLargeError:
+            raise WorkspacePathError(_too_large(relative, max_bytes, "download")) from None
+
+
+def _check(workspace: Path, relative: str) -> None:
+    parts = relative_parts(relative)
+    check_unprotected(relative, parts)
+    # The registry is never in the workspace by default; if IPYBOX_STATE_DIR puts it there, it
+    # is protected like the sandbox's settings.
+    registry = os.path.realpath(default_registry_path().parent)
+    root = os.path.realpath(workspace)
+    if os.path.commonpath([registry, root]) == root:
+        folder = Path(registry).relative_to(root).parts
+        if tuple(part.casefold() for part in parts[: len(folder)]) == tuple(p.casefold() for p in folder):
+            raise WorkspacePathError(
+                f"The path {relative!r} is in the folder of ipybox's trusted registry: it cannot be transferred."
+            )
 
 
 def _too_large(relative: str, max_bytes: int, what: str) -> str:

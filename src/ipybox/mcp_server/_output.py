@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from ipybox.mcp_server._files import WorkspacePathError, server_folder
+from ipybox._confined import Confined, ConfinedPathError, remove_entry, write_new
 
 # CSI sequences (colours, cursor moves), OSC sequences (titles, links) and lone escapes.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
@@ -58,7 +58,7 @@ def truncate(text: str, max_chars: int, workspace: Path) -> str:
         return text
     try:
         path = _save_full_output(text, workspace)
-    except (WorkspacePathError, OSError) as exc:
+    except (ConfinedPathError, OSError) as exc:
         where = f"the complete output was not saved ({exc})"
     else:
         where = f"the complete output is in {path.relative_to(workspace)} in the workspace"
@@ -72,21 +72,21 @@ def truncate(text: str, max_chars: int, workspace: Path) -> str:
 
 
 def _save_full_output(text: str, workspace: Path) -> Path:
-    folder = server_folder(workspace, workspace / OUTPUT_DIR)
-    folder.mkdir(parents=True, exist_ok=True)
     now = time.time_ns()
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now // 1_000_000_000))
     # The sub-second part keeps names unique and in order, for pruning below.
-    path = folder / f"output-{stamp}-{now % 1_000_000_000:09d}.txt"
-    # O_EXCL and O_NOFOLLOW: never through a link the kernel put in place of the file.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    with os.fdopen(os.open(path, flags, 0o644), "w", encoding="utf-8") as file:
-        file.write(text)
-    # Only the recent outputs are worth keeping: an agent reads a saved output soon or never.
-    saved = sorted(folder.glob("output-*.txt"))
-    for old in saved[: max(0, len(saved) - _KEEP_OUTPUTS)]:
-        old.unlink(missing_ok=True)
-    return path
+    name = f"output-{stamp}-{now % 1_000_000_000:09d}.txt"
+    with Confined(workspace) as root:
+        folder = root.open_dir(OUTPUT_DIR, create=True)
+        try:
+            write_new(folder, name, text)
+            # Only the recent outputs are worth keeping: an agent reads a saved output soon or never.
+            saved = sorted(entry for entry in os.listdir(folder) if entry.startswith("output-"))
+            for old in saved[: max(0, len(saved) - _KEEP_OUTPUTS)]:
+                remove_entry(folder, old)
+        finally:
+            os.close(folder)
+    return workspace / OUTPUT_DIR / name
 
 
 def scaled_png(path: Path, max_side: int = MAX_IMAGE_SIDE) -> str:

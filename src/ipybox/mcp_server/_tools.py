@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 
+from ipybox._confined import Confined, ConfinedPathError, relative_parts
 from ipybox.code_exec import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
 from ipybox.errors import (
     ApiGenerationError,
@@ -333,14 +334,12 @@ class ToolSession:
         """Generate `mcptools/<server_name>/` and record the server for the tool server."""
         from ipybox.mcp_apigen import generate_mcp_sources
 
-        # generate_mcp_sources replaces mcptools/<server_name>/: never through a link that
-        # kernel code put there (it would delete and write outside the workspace).
-        target = self.workspace / MCPTOOLS_DIR
-        if server_name.isidentifier():
-            target = target / server_name
+        # An early, friendly refusal of a link in place of mcptools/ (before the server is
+        # recorded); the write itself is confined whatever happens in between.
         try:
-            _files.server_folder(self.workspace, target)
-        except _files.WorkspacePathError as exc:
+            with Confined(self.workspace) as workspace:
+                workspace.mkdir(MCPTOOLS_DIR)
+        except ConfinedPathError as exc:
             return _error(f"Cannot register {server_name!r}: {exc}")
         try:
             names = await generate_mcp_sources(
@@ -403,27 +402,29 @@ class ToolSession:
     def upload_file(self, path: str, content_base64: str) -> types.CallToolResult:
         """Write a file into the workspace."""
         try:
-            target = _files.write(self.workspace, path, content_base64)
+            size = _files.write(self.workspace, path, content_base64)
         except _files.WorkspacePathError as exc:
             return _error(str(exc))
-        size = target.stat().st_size
         return types.CallToolResult(
-            content=[_text(f"Wrote {size} bytes to {self._relative(target)} in the workspace.")]
+            content=[_text(f"Wrote {size} bytes to {_shown(path)} in the workspace.")]
         )
 
     def download_file(self, path: str) -> types.CallToolResult:
         """Return a file of the workspace as an embedded resource."""
         try:
-            target, data = _files.read(self.workspace, path)
+            data = _files.read(self.workspace, path)
         except _files.WorkspacePathError as exc:
             return _error(str(exc))
-        mime_type = mimetypes.guess_type(target.name)[0] or "application/octet-stream"
+        shown = _shown(path)
+        mime_type = mimetypes.guess_type(shown)[0] or "application/octet-stream"
         resource = types.BlobResourceContents(
-            uri=target.as_uri(), mime_type=mime_type, blob=base64.b64encode(data).decode("ascii")
+            uri=(self.workspace.absolute() / shown).as_uri(),
+            mime_type=mime_type,
+            blob=base64.b64encode(data).decode("ascii"),
         )
         return types.CallToolResult(
             content=[
-                _text(f"{self._relative(target)}: {len(data)} bytes, {mime_type}."),
+                _text(f"{shown}: {len(data)} bytes, {mime_type}."),
                 types.EmbeddedResource(type="resource", resource=resource),
             ]
         )
@@ -437,6 +438,11 @@ class ToolSession:
             return path.resolve().relative_to(self.workspace.resolve())
         except ValueError:
             return path
+
+
+def _shown(path: str) -> str:
+    """A path that `_files` accepted, as shown back: forward slashes, no ``.`` components."""
+    return "/".join(relative_parts(path))
 
 
 async def _report_progress(progress: Progress, output: list[str]) -> None:
