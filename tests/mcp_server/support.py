@@ -15,7 +15,7 @@ import httpx2
 import mcp_types as types
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
+from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE, streamable_http_client
 
 
 def server_env(**extra: str) -> dict[str, str]:
@@ -36,14 +36,20 @@ def stdio_params(
 
 @contextlib.asynccontextmanager
 async def connected(
-    server: Any, *, url_token: str | None = None, headers: dict[str, str] | None = None, **kwargs: Any
+    server: Any,
+    *,
+    url_token: str | None = None,
+    headers: dict[str, str] | None = None,
+    max_sse_event_size: int | None = None,
+    **kwargs: Any,
 ) -> AsyncIterator[Client]:
     """A connected client, owned by a task of its own.
 
     The client's anyio scopes must be entered and exited by one task, and pytest-asyncio may
     set a fixture up and tear it down in different tasks; requests reach the client from any task.
     `server` is stdio parameters or a streamable HTTP URL (then `url_token` is sent as the
-    bearer token, with `headers`).
+    bearer token, with `headers`; `max_sse_event_size` raises the SDK client's 1 MiB cap on
+    one server-sent event, which a large download needs).
     """
     ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
     done = asyncio.Event()
@@ -59,7 +65,11 @@ async def connected(
                     http = await stack.enter_async_context(
                         httpx2.AsyncClient(headers=sent, timeout=httpx2.Timeout(30, read=300))
                     )
-                    target = streamable_http_client(server, http_client=http)
+                    target = streamable_http_client(
+                        server,
+                        http_client=http,
+                        max_sse_event_size=max_sse_event_size or DEFAULT_MAX_SSE_EVENT_SIZE,
+                    )
                 client = await stack.enter_async_context(Client(target, **kwargs))
                 ready.set_result(client)
                 await done.wait()

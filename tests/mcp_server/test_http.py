@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import os
 import re
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx2
+import mcp_types as types
 import psutil
 import pytest
 from mcp.shared.exceptions import MCPError
@@ -153,6 +155,29 @@ async def test_progress_and_cancellation_work_over_http(server: HttpServer) -> N
         with pytest.raises(asyncio.CancelledError):
             await call
         assert text_of(await asyncio.wait_for(run(client, "kept"), timeout=30)) == "'state'"
+
+
+async def test_uploads_up_to_the_documented_limit_pass_over_http(server: HttpServer) -> None:
+    workspace = server.log.parent / "workspace"
+    limit = 20 * 1024 * 1024
+    # Not a repeating pattern, so no layer can pass it by compressing it.
+    payload = os.urandom(limit)
+    # The SDK's client caps one server-sent event at 1 MiB unless told otherwise.
+    async with connected(server.url, url_token=TOKEN, max_sse_event_size=2 * limit) as client:
+        upload = await client.call_tool(
+            "upload_file", {"path": "big/at-limit.bin", "content_base64": base64.b64encode(payload).decode()}
+        )
+        assert not upload.is_error, text_of(upload)
+        assert (workspace / "big" / "at-limit.bin").read_bytes() == payload
+        download = await client.call_tool("download_file", {"path": "big/at-limit.bin"})
+        blobs = [b.resource for b in download.content if isinstance(b, types.EmbeddedResource)]
+        assert len(blobs) == 1 and isinstance(blobs[0], types.BlobResourceContents)
+        assert base64.b64decode(blobs[0].blob) == payload
+
+        over = base64.b64encode(payload + b"x").decode()
+        refused = await client.call_tool("upload_file", {"path": "big/over.bin", "content_base64": over})
+        assert refused.is_error and "larger than the upload limit of 20 MiB" in text_of(refused)
+        assert not (workspace / "big" / "over.bin").exists()
 
 
 async def test_a_closed_session_stops_its_kernel(server: HttpServer) -> None:

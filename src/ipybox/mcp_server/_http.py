@@ -25,6 +25,7 @@ from mcp.shared.exceptions import MCPError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ipybox.mcp_server._files import MAX_FILE_BYTES
 from ipybox.mcp_server._server import Settings, build_server
 from ipybox.mcp_server._tools import ToolSession
 
@@ -33,6 +34,10 @@ logger = logging.getLogger(__name__)
 TOKEN_ENV = "IPYBOX_MCP_TOKEN"
 MCP_PATH = "/mcp"
 _MAX_SESSIONS = 32
+# The SDK refuses request bodies over 4 MiB with 413; an upload_file call carries its file in
+# base64 (4 characters per 3 bytes), so the body must hold the documented file limit encoded,
+# plus the JSON-RPC envelope. A file over the limit then gets the tool's own clear error.
+MAX_REQUEST_BYTES = (MAX_FILE_BYTES + 2) // 3 * 4 + 1024 * 1024
 # A tool call that arrives before its session's executor is up waits at most this long.
 _SESSION_START_TIMEOUT = 120
 
@@ -225,6 +230,7 @@ async def serve_http(
         streamable_http_path=MCP_PATH,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         max_sessions=_MAX_SESSIONS,
+        max_request_body_size=MAX_REQUEST_BYTES,
         session_idle_timeout=session_timeout,
         host=host,
     )
