@@ -221,7 +221,7 @@ class Confined:
                 self._explain(parent, parts[-1], relative, exc)
         finally:
             os.close(parent)
-        with os.fdopen(fd, "rb") as file:
+        try:
             info = os.fstat(fd)
             if stat.S_ISDIR(info.st_mode):
                 raise ConfinedPathError(f"{relative!r} is a folder, not a file: name a file inside it.")
@@ -237,7 +237,13 @@ class Confined:
             if info.st_size > max_bytes:
                 raise TooLargeError(relative, max_bytes)
             os.set_blocking(fd, True)
-            data = file.read(max_bytes + 1)
+            chunks, size = [], 0
+            while size <= max_bytes and (chunk := os.read(fd, min(max_bytes + 1 - size, 1 << 20))):
+                chunks.append(chunk)
+                size += len(chunk)
+            data = b"".join(chunks)
+        finally:
+            os.close(fd)
         if len(data) > max_bytes:
             raise TooLargeError(relative, max_bytes)
         return data
@@ -330,8 +336,14 @@ class Confined:
             info = os.stat(name, dir_fd=parent, follow_symlinks=False)
         except OSError:
             info = None
-        if info is not None and stat.S_ISLNK(info.st_mode):
+        if (info is not None and stat.S_ISLNK(info.st_mode)) or exc.errno == errno.ELOOP:
             raise ConfinedPathError(self._link_message(parent, name, where)) from None
+        if info is not None and stat.S_ISDIR(info.st_mode):
+            # Not a folder when opened, a folder now: something swapped it meanwhile.
+            raise ConfinedPathError(
+                f"{where!r} in {self._name} changed while it was opened (replaced by a symbolic link or a "
+                "file, then back); trusted file access does not follow links. Try again once it stays put."
+            ) from None
         if exc.errno == errno.ENOTDIR:
             raise ConfinedPathError(f"{where!r} in {self._name} is a file, not a folder.") from None
         raise ConfinedPathError(f"{where!r} in {self._name} cannot be opened: {exc.strerror}.") from exc
