@@ -14,6 +14,7 @@ import mcp_types as types
 import pytest
 import pytest_asyncio
 from mcp.client import Client
+from mcp.shared.exceptions import MCPError
 
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
@@ -22,8 +23,10 @@ from tests.sandbox_support import require_sandbox
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 SECRET = "DOTENV_SECRET=hidden-from-the-kernel"
-# Each race runs this many swaps at most in the kernel, while the test calls the tool over and over.
-SWAPS = 4000
+# Each race runs at most this many swaps in the kernel (a short pause between two, so that they
+# last while the test calls the tool over and over; the test stops them when its calls are done).
+SWAPS = 20000
+SWAP_PAUSE = 0.0002
 CALLS = 150
 
 
@@ -74,7 +77,7 @@ async def _start_swapping(client: Client, name: str, target: Path) -> None:
     there, a folder or a link, never missing.
     """
     code = (
-        "import ctypes, os, threading\n"
+        "import ctypes, os, threading, time\n"
         f"os.makedirs({name!r}, exist_ok=True)\n"
         f"os.symlink({str(target)!r}, {name + '.link'!r})\n"
         "_libc = ctypes.CDLL(None, use_errno=True)\n"
@@ -88,6 +91,7 @@ async def _start_swapping(client: Client, name: str, target: Path) -> None:
         f"        if _libc.renameat2(-100, {name.encode()!r}, -100, {(name + '.link').encode()!r}, 2) != 0:\n"
         "            raise OSError(ctypes.get_errno(), 'renameat2')\n"
         "        _swaps += 1\n"
+        f"        time.sleep({SWAP_PAUSE})\n"
         "_swapper = threading.Thread(target=_swap)\n"
         "_swapper.start()\n"
     )
@@ -114,18 +118,28 @@ async def test_uploads_and_downloads_never_leave_the_workspace_while_a_folder_is
     workspace = root / "workspace"
     (workspace / "data").mkdir()
     (workspace / "data" / "secret.txt").write_text("inside")
+    before = _tree(outside)
+    read: list[bytes] = []
+    crashes: list[str] = []
     await _start_swapping(client, "data", outside)
     for index in range(CALLS):
-        up = await client.call_tool(
-            "upload_file", {"path": f"data/up-{index}.txt", "content_base64": _b64(b"x")}
-        )
-        assert not up.is_error or "symbolic link" in text_of(up), text_of(up)
-        down = await client.call_tool("download_file", {"path": "data/secret.txt"})
+        try:
+            up = await client.call_tool(
+                "upload_file", {"path": f"data/up-{index}.txt", "content_base64": _b64(b"x")}
+            )
+            assert not up.is_error or "symbolic link" in text_of(up), text_of(up)
+            down = await client.call_tool("download_file", {"path": "data/secret.txt"})
+        except MCPError as exc:
+            crashes.append(str(exc))
+            continue
         if down.is_error:
-            assert "symbolic link" in text_of(down) or "no folder" in text_of(down), text_of(down)
+            assert "symbolic link" in text_of(down), text_of(down)
         else:
-            assert _blob(down) == b"inside"
+            read.append(_blob(down))
     await _stop_swapping(client, "data")
+    assert _tree(outside) == before, "an upload was written outside the workspace"
+    assert set(read) <= {b"inside"}, "a download read a file outside the workspace"
+    assert not crashes, crashes
 
 
 async def test_register_never_writes_or_deletes_outside_while_mcptools_is_swapped_for_a_link(
