@@ -5,6 +5,7 @@ for links while a tool runs, hard links to secrets, and the files the sandbox pr
 from __future__ import annotations
 
 import base64
+import json
 import os
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -275,3 +276,40 @@ async def test_images_are_never_written_through_a_link_in_place_of_the_images_fo
     shown = await run(client, show)
     assert [c for c in shown.content if isinstance(c, types.ImageContent)], text_of(shown)
     assert len(os.listdir(root / "workspace" / "images")) == 1
+
+
+@pytest.mark.timeout(180)
+async def test_the_file_tools_refuse_what_a_custom_sandbox_config_denies_the_kernel(root: Path) -> None:
+    workspace = root / "custom-workspace"
+    (workspace / "secrets").mkdir(parents=True)
+    (workspace / "secrets" / "key.txt").write_text("api-key")
+    (workspace / "locked").mkdir()
+    config = root / "custom-sandbox.json"
+    config.write_text(
+        json.dumps(
+            {
+                "network": {"allowedDomains": [], "deniedDomains": []},
+                "filesystem": {
+                    "denyRead": ["secrets", "*.pem"],
+                    "allowWrite": ["."],
+                    "denyWrite": ["locked"],
+                },
+            }
+        )
+    )
+    (workspace / "cert.pem").write_text("private")
+    env = server_env(IPYBOX_STATE_DIR=str(root / "custom-state"))
+    async with connected(stdio_params(workspace, "--sandbox-config", str(config), env=env)) as client:
+        denied = await run(client, "open('secrets/key.txt').read()")
+        assert denied.is_error, "the sandbox let the kernel read a denied file"
+        for path in ["secrets/key.txt", "./secrets//key.txt", "cert.pem"]:
+            down = await client.call_tool("download_file", {"path": path})
+            assert down.is_error and "sandbox's settings" in text_of(down), text_of(down)
+            assert "api-key" not in text_of(down) and "private" not in text_of(down)
+        up = await client.call_tool("upload_file", {"path": "locked/run.sh", "content_base64": _b64(b"x")})
+        assert up.is_error and "sandbox's settings" in text_of(up), text_of(up)
+        assert os.listdir(workspace / "locked") == []
+        allowed = await client.call_tool(
+            "upload_file", {"path": "free/ok.txt", "content_base64": _b64(b"ok")}
+        )
+        assert not allowed.is_error, text_of(allowed)

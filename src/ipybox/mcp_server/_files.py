@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import base64
 import binascii
+import fnmatch
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ipybox._confined import Confined, ConfinedPathError, TooLargeError, check_unprotected, relative_parts
 from ipybox.tool_exec._registry import default_registry_path
@@ -14,6 +17,52 @@ MAX_FILE_BYTES = 20 * 1024 * 1024
 
 WorkspacePathError = ConfinedPathError
 """A path that would leave the workspace, or a file that cannot be transferred."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What a custom sandbox configuration denies inside the workspace, which the file tools then
+    refuse too (so they never hand out what the kernel may not read, or write what it may not).
+
+    Attributes:
+        deny_read: Paths (relative to the workspace, ``/``-separated, globs allowed) never downloaded.
+        deny_write: Paths never uploaded.
+    """
+
+    deny_read: tuple[str, ...] = ()
+    deny_write: tuple[str, ...] = ()
+
+    @classmethod
+    def from_sandbox_config(cls, workspace: Path, config: dict[str, Any] | None) -> Rules:
+        """The rules of srt settings `config` (``filesystem.denyRead`` / ``denyWrite``) for `workspace`."""
+        filesystem = (config or {}).get("filesystem") or {}
+        return cls(
+            deny_read=_inside(workspace, filesystem.get("denyRead") or []),
+            deny_write=_inside(workspace, filesystem.get("denyWrite") or []),
+        )
+
+
+def _inside(workspace: Path, entries: list[Any]) -> tuple[str, ...]:
+    root = os.path.realpath(workspace)
+    inside = []
+    for entry in entries:
+        if not isinstance(entry, str) or not entry:
+            continue
+        path = os.path.expanduser(entry)
+        path = os.path.normpath(path if os.path.isabs(path) else os.path.join(root, path))
+        if path == root or not path.startswith(root + os.sep):
+            continue
+        inside.append(path[len(root) + 1 :].replace(os.sep, "/"))
+    return tuple(inside)
+
+
+def _denied(parts: tuple[str, ...], patterns: tuple[str, ...]) -> str | None:
+    """The pattern that covers the path `parts` (the path or one of its folders), if any."""
+    for pattern in patterns:
+        for depth in range(1, len(parts) + 1):
+            if fnmatch.fnmatchcase("/".join(parts[:depth]), pattern):
+                return pattern
+    return None
 
 
 def server_folder(workspace: Path, folder: Path) -> Path:
@@ -51,7 +100,13 @@ def server_folder(workspace: Path, folder: Path) -> Path:
     return folder
 
 
-def write(workspace: Path, relative: str, content_base64: str, max_bytes: int = MAX_FILE_BYTES) -> int:
+def write(
+    workspace: Path,
+    relative: str,
+    content_base64: str,
+    max_bytes: int = MAX_FILE_BYTES,
+    rules: Rules = Rules(),
+) -> int:
     """Decode `content_base64` and write it to `relative` in the workspace; the number of bytes written.
 
     Parent folders are created; an existing file is replaced (atomically, never written in
@@ -61,7 +116,7 @@ def write(workspace: Path, relative: str, content_base64: str, max_bytes: int = 
         WorkspacePathError: If the path is refused, the content is not base64, or it is larger
             than `max_bytes`.
     """
-    _check(workspace, relative)
+    _check(workspace, relative, rules.deny_write, "write")
     # Base64 takes 4 characters per 3 bytes: refuse oversized input before decoding it.
     if len(content_base64) > (max_bytes + 2) // 3 * 4 + 4:
         raise WorkspacePathError(_too_large(relative, max_bytes, "upload"))
@@ -78,7 +133,7 @@ def write(workspace: Path, relative: str, content_base64: str, max_bytes: int = 
     return len(data)
 
 
-def read(workspace: Path, relative: str, max_bytes: int = MAX_FILE_BYTES) -> bytes:
+def read(workspace: Path, relative: str, max_bytes: int = MAX_FILE_BYTES, rules: Rules = Rules()) -> bytes:
     """The content of the file `relative` in the workspace.
 
     Refused: links anywhere on the path, folders, anything but a regular file with a single
@@ -88,7 +143,7 @@ def read(workspace: Path, relative: str, max_bytes: int = MAX_FILE_BYTES) -> byt
         WorkspacePathError: If the path is refused, is not a file, or the file is larger
             than `max_bytes`.
     """
-    _check(workspace, relative)
+    _check(workspace, relative, rules.deny_read, "read")
     with Confined(workspace) as root:
         try:
             return root.read_bytes(relative, max_bytes)
@@ -96,9 +151,14 @@ def read(workspace: Path, relative: str, max_bytes: int = MAX_FILE_BYTES) -> byt
             raise WorkspacePathError(_too_large(relative, max_bytes, "download")) from None
 
 
-def _check(workspace: Path, relative: str) -> None:
+def _check(workspace: Path, relative: str, denied: tuple[str, ...], what: str) -> None:
     parts = relative_parts(relative)
     check_unprotected(relative, parts)
+    if (pattern := _denied(parts, denied)) is not None:
+        raise WorkspacePathError(
+            f"The path {relative!r} is covered by {pattern!r}, which the sandbox's settings do not let the "
+            f"kernel {what}: the file tools refuse it too."
+        )
     # The registry is never in the workspace by default; if IPYBOX_STATE_DIR puts it there, it
     # is protected like the sandbox's settings.
     registry = os.path.realpath(default_registry_path().parent)

@@ -17,6 +17,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ipybox.code_exec import CodeExecutor
+from ipybox.mcp_server import _files
 from ipybox.mcp_server._install import SANDBOX_PACKAGES_DIR, Installer
 from ipybox.mcp_server._tools import TOOLS, Progress, ToolSession
 
@@ -98,7 +99,15 @@ class Settings:
         """The tools of a new session, on a started executor (a failed start leaves nothing)."""
         executor = self.executor()
         await executor.start()
-        return ToolSession(executor, self.workspace, self.installer())
+        return ToolSession(executor, self.workspace, self.installer(), self.transfer_rules())
+
+    def transfer_rules(self) -> _files.Rules:
+        """What the custom sandbox settings deny in the workspace, refused by the file tools too."""
+        if self.sandbox_config is None:
+            return _files.Rules()
+        from ipybox.kernel_mgr._sandbox import load_config
+
+        return _files.Rules.from_sandbox_config(self.workspace, load_config(self.sandbox_config))
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[ToolSession]:

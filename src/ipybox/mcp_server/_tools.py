@@ -236,12 +236,16 @@ class ToolSession:
         executor: A started `CodeExecutor` whose working directory is `workspace`.
         workspace: The workspace folder.
         installer: How packages are installed for the kernel.
+        rules: What the sandbox's settings deny in the workspace, refused by the file tools too.
     """
 
-    def __init__(self, executor: CodeExecutor, workspace: Path, installer: Installer) -> None:
+    def __init__(
+        self, executor: CodeExecutor, workspace: Path, installer: Installer, rules: _files.Rules | None = None
+    ) -> None:
         self.executor = executor
         self.workspace = workspace
         self.installer = installer
+        self.rules = rules or _files.Rules()
 
     async def call(
         self, name: str, arguments: Mapping[str, Any], progress: Progress | None
@@ -402,7 +406,7 @@ class ToolSession:
     def upload_file(self, path: str, content_base64: str) -> types.CallToolResult:
         """Write a file into the workspace."""
         try:
-            size = _files.write(self.workspace, path, content_base64)
+            size = _files.write(self.workspace, path, content_base64, rules=self.rules)
         except _files.WorkspacePathError as exc:
             return _error(str(exc))
         return types.CallToolResult(
@@ -412,7 +416,7 @@ class ToolSession:
     def download_file(self, path: str) -> types.CallToolResult:
         """Return a file of the workspace as an embedded resource."""
         try:
-            data = _files.read(self.workspace, path)
+            data = _files.read(self.workspace, path, rules=self.rules)
         except _files.WorkspacePathError as exc:
             return _error(str(exc))
         shown = _shown(path)
