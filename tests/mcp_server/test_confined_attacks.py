@@ -313,3 +313,36 @@ async def test_the_file_tools_refuse_what_a_custom_sandbox_config_denies_the_ker
             "upload_file", {"path": "free/ok.txt", "content_base64": _b64(b"ok")}
         )
         assert not allowed.is_error, text_of(allowed)
+
+
+async def test_an_image_swapped_for_a_link_after_it_was_saved_is_not_read_back(
+    client: Client, root: Path, outside: Path
+) -> None:
+    from tests.servers.demo_server import png_bytes
+
+    private = png_bytes(7, 7)
+    (outside / "private.png").write_bytes(private)
+    try:
+        # The cell shows a plot, waits until the client has saved it, then puts a link to a
+        # file outside in its place before the server reads it back.
+        code = (
+            "import os, time\n"
+            "from IPython.display import Image, display\n"
+            "os.makedirs('images', exist_ok=True)\n"
+            "before = set(os.listdir('images'))\n"
+            f"display(Image(data={png_bytes()!r}))\n"
+            "deadline = time.monotonic() + 60\n"
+            "while not (new := set(os.listdir('images')) - before) and time.monotonic() < deadline:\n"
+            "    time.sleep(0.01)\n"
+            "name = new.pop()\n"
+            "os.unlink(os.path.join('images', name))\n"
+            f"os.symlink({str(outside / 'private.png')!r}, os.path.join('images', name))\n"
+            "print('swapped')\n"
+        )
+        shown = await run(client, code)
+        assert "swapped" in text_of(shown), text_of(shown)
+        images = [base64.b64decode(c.data) for c in shown.content if isinstance(c, types.ImageContent)]
+        assert private not in images
+        assert "was not read back" in text_of(shown) and "symbolic link" in text_of(shown), text_of(shown)
+    finally:
+        (outside / "private.png").unlink()

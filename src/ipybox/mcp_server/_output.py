@@ -16,6 +16,7 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\
 # Images are scaled so that the longer side is at most this many pixels: a model sees about
 # (w * h) / 750 tokens per image, so 768 x 768 stays under a thousand tokens.
 MAX_IMAGE_SIDE = 768
+MAX_IMAGE_BYTES = 50 * 1024 * 1024
 OUTPUT_DIR = ".ipybox/outputs"
 _KEEP_OUTPUTS = 100
 
@@ -89,13 +90,31 @@ def _save_full_output(text: str, workspace: Path) -> Path:
     return workspace / OUTPUT_DIR / name
 
 
-def scaled_png(path: Path, max_side: int = MAX_IMAGE_SIDE) -> str:
-    """The PNG at `path` as base64, scaled down so its longer side is at most `max_side`."""
+def read_image(path: Path, workspace: Path, max_bytes: int = MAX_IMAGE_BYTES) -> bytes:
+    """The bytes of the image file `path` in `workspace`, read without following links.
+
+    Kernel code can replace the images folder or the file between the kernel client saving it
+    and the server reading it back.
+
+    Raises:
+        ConfinedPathError: If the file is refused (a link on the way, more than one hard link,
+            not a regular file, over `max_bytes`, or not inside `workspace`).
+    """
+    try:
+        relative = path.relative_to(workspace)
+    except ValueError:
+        raise ConfinedPathError(f"The image {str(path)!r} is not in the workspace.") from None
+    with Confined(workspace) as root:
+        return root.read_bytes(relative.as_posix(), max_bytes)
+
+
+def scaled_png(data: bytes, max_side: int = MAX_IMAGE_SIDE) -> str:
+    """The PNG `data` as base64, scaled down so its longer side is at most `max_side`."""
     from PIL import Image  # imported on first image: Pillow is not needed before
 
-    with Image.open(path) as image:
+    with Image.open(io.BytesIO(data)) as image:
         if max(image.size) <= max_side:
-            return base64.b64encode(path.read_bytes()).decode("ascii")
+            return base64.b64encode(data).decode("ascii")
         image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
         buffer = io.BytesIO()
         image.save(buffer, format="PNG", optimize=True)

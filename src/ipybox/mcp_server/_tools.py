@@ -324,8 +324,13 @@ class ToolSession:
         text = _output.truncate(_output.clean(result.text or ""), max_output_chars, self.workspace)
         content: list[types.ContentBlock] = [_text(text or "(no output)")]
         for image in result.images:
+            try:
+                data = _output.read_image(image, self.workspace)
+            except ConfinedPathError as exc:
+                content.append(_text(f"[The image {image.name} was not read back: {exc}]"))
+                continue
             content.append(
-                types.ImageContent(type="image", data=_output.scaled_png(image), mime_type="image/png")
+                types.ImageContent(type="image", data=_output.scaled_png(data), mime_type="image/png")
             )
         if result.images:
             paths = ", ".join(str(self._relative(image)) for image in result.images)
