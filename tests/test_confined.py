@@ -192,3 +192,12 @@ async def test_images_are_not_written_through_a_link_in_place_of_images_dir(dirs
         result = await executor.execute(show)
         assert len(result.images) == 1 and result.images[0].parent == root / "images"
         assert result.images[0].read_bytes() == png_bytes()
+
+
+def test_a_replaced_file_keeps_its_permissions(dirs: tuple[Path, Path]) -> None:
+    root, _ = dirs
+    (root / "run.sh").write_text("old")
+    (root / "run.sh").chmod(0o750)
+    with Confined(root) as confined:
+        confined.write_atomic("run.sh", "new")
+    assert (root / "run.sh").read_text() == "new" and (root / "run.sh").stat().st_mode & 0o777 == 0o750

@@ -281,6 +281,9 @@ class Confined:
                 temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode, dir_fd=parent
             )
             try:
+                if existing is not None and stat.S_ISREG(existing.st_mode):
+                    # A replaced file keeps its permission bits (not set-id or sticky ones).
+                    os.fchmod(fd, stat.S_IMODE(existing.st_mode) & 0o777)
                 with os.fdopen(fd, "wb") as file:
                     file.write(payload)
                 # rename never follows a link: if one took the name meanwhile, it is replaced.

@@ -164,7 +164,8 @@ _UPLOAD = types.Tool(
         "Write a file into the workspace, where code can read it (the workspace is the working "
         f"directory). `content_base64` is the file's bytes in base64; at most "
         f"{_files.MAX_FILE_BYTES // (1024 * 1024)} MiB. Parent folders are created; an existing file "
-        "is replaced. Paths are relative to the workspace and cannot leave it."
+        "is replaced. Paths are relative to the workspace and cannot leave it; symbolic links are not "
+        "followed, and secrets and configuration files (.env, .mcp.json, .claude/, .git/, ...) are refused."
     ),
     input_schema={
         "type": "object",
@@ -193,7 +194,8 @@ _DOWNLOAD = types.Tool(
     description=(
         "Return a file from the workspace (for example one that code wrote) as an embedded resource "
         f"with base64 content; at most {_files.MAX_FILE_BYTES // (1024 * 1024)} MiB. Paths are "
-        "relative to the workspace and cannot leave it."
+        "relative to the workspace and cannot leave it; symbolic links, files with several hard links and "
+        "secrets or configuration files (.env, .mcp.json, .claude/, .git/, ...) are refused."
     ),
     input_schema={
         "type": "object",
