@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox._confined import Confined, ConfinedPathError, TooLargeError
+from ipybox._confined import Confined, ConfinedPathError, TooLargeError, write_new
 from ipybox.code_exec import CodeExecutor
 from ipybox.mcp_apigen import generate_mcp_sources
 from tests.conftest import DEMO_SERVER
@@ -201,3 +202,26 @@ def test_a_replaced_file_keeps_its_permissions(dirs: tuple[Path, Path]) -> None:
     with Confined(root) as confined:
         confined.write_atomic("run.sh", "new")
     assert (root / "run.sh").read_text() == "new" and (root / "run.sh").stat().st_mode & 0o777 == 0o750
+
+
+def test_replace_folder_swaps_in_whole_and_keeps_the_old_one_on_failure(dirs: tuple[Path, Path]) -> None:
+    root, outside = dirs
+    (root / "pkg").mkdir()
+    (root / "pkg" / "old.py").write_text("old")
+
+    def broken(folder: int) -> None:
+        write_new(folder, "half.py", "half")
+        raise OSError("disk full")
+
+    with Confined(root) as confined:
+        with pytest.raises(OSError, match="disk full"):
+            confined.replace_folder("pkg", broken)
+        assert os.listdir(root) == ["pkg"] and os.listdir(root / "pkg") == ["old.py"]
+        confined.replace_folder("pkg", lambda folder: write_new(folder, "new.py", "new"))
+        assert os.listdir(root) == ["pkg"] and os.listdir(root / "pkg") == ["new.py"]
+        (root / "pkg.link").symlink_to(outside)
+        shutil.rmtree(root / "pkg")
+        (root / "pkg.link").rename(root / "pkg")
+        confined.replace_folder("pkg", lambda folder: write_new(folder, "new.py", "new"))
+    assert not (root / "pkg").is_symlink() and os.listdir(root / "pkg") == ["new.py"]
+    assert os.listdir(outside) == ["secret.txt"]

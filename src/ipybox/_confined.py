@@ -23,12 +23,13 @@ not swap it).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 import shutil
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from types import TracebackType
 from typing import NoReturn, Self
@@ -320,6 +321,47 @@ class Confined:
         parent = self.open_dir(parts[:-1])
         try:
             remove_entry(parent, parts[-1])
+        finally:
+            os.close(parent)
+
+    def replace_folder(self, relative: str | Iterable[str], fill: Callable[[int], None]) -> None:
+        """Make `relative` a new folder that `fill` writes, swapped in whole by a rename.
+
+        `fill` gets a descriptor of a fresh folder next to `relative` (use `write_new`); once it
+        returns, the folder is renamed to `relative`. A failure leaves the old folder in place;
+        the old one (or whatever kernel code put in its place: a link is renamed and unlinked,
+        never followed) is removed only once the new one is in. Missing parents are created.
+
+        Raises:
+            ConfinedPathError: If a parent is a link or a file.
+            OSError: If `fill` or the swap fails.
+        """
+        parts = relative_parts(relative) if isinstance(relative, str) else tuple(relative)
+        name = parts[-1]
+        parent = self.open_dir(parts[:-1], create=True)
+        # mkdir, not mkdtemp: the new folder gets the usual permissions, not 0700.
+        staging = f".{name[:64]}.{secrets.token_hex(6)}.new"
+        retired = f".{name[:64]}.{secrets.token_hex(6)}.old"
+        try:
+            os.mkdir(staging, 0o777, dir_fd=parent)
+            try:
+                staged = open_child_dir(parent, staging)
+                try:
+                    fill(staged)
+                finally:
+                    os.close(staged)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rename(name, retired, src_dir_fd=parent, dst_dir_fd=parent)
+                try:
+                    os.rename(staging, name, src_dir_fd=parent, dst_dir_fd=parent)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.rename(retired, name, src_dir_fd=parent, dst_dir_fd=parent)
+                    raise
+            finally:
+                for leftover in (staging, retired):
+                    with contextlib.suppress(OSError):
+                        remove_entry(parent, leftover)
         finally:
             os.close(parent)
 

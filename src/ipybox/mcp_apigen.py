@@ -19,10 +19,8 @@ servers reject ``null`` for a parameter that is merely optional. The price is th
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import secrets
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -106,52 +104,22 @@ def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> l
     sources = render_sources(server_name, tools)
     root_dir = Path(os.path.normpath(root_dir.absolute()))
     target = root_dir / server_name
+
+    def fill(package: int) -> None:
+        for module, code in sources.items():
+            _confined.write_new(package, f"{module}.py", code)
+
     try:
         # root_dir's parent is taken as the application names it; root_dir and everything in it
         # are walked without following links, which kernel code may have put there.
         root_dir.parent.mkdir(parents=True, exist_ok=True)
         with _confined.Confined(root_dir.parent) as base:
-            folder = base.open_dir([root_dir.name] if root_dir.name else [], create=True)
-            try:
-                _swap_in(folder, server_name, sources)
-            finally:
-                os.close(folder)
+            base.replace_folder((*([root_dir.name] if root_dir.name else []), server_name), fill)
     except (OSError, _confined.ConfinedPathError) as exc:
         raise ApiGenerationError(
             f"Could not write the package for MCP server {server_name!r} to {target}: {exc}"
         ) from exc
     return sorted(module for module in sources if module != "__init__")
-
-
-def _swap_in(folder: int, server_name: str, sources: dict[str, str]) -> None:
-    """Write the package into a fresh folder inside `folder`, then rename it to `server_name`.
-
-    A failure never leaves half a package; the old package (or whatever kernel code put in its
-    place: a link is renamed and unlinked, never followed) is removed only once the new one is in.
-    """
-    # mkdir, not mkdtemp: the package directory gets the usual permissions, not 0700.
-    staging = f".{server_name}.{secrets.token_hex(6)}.new"
-    retired = f".{server_name}.{secrets.token_hex(6)}.old"
-    os.mkdir(staging, 0o777, dir_fd=folder)
-    try:
-        staged = _confined.open_child_dir(folder, staging)
-        try:
-            for module, code in sources.items():
-                _confined.write_new(staged, f"{module}.py", code)
-        finally:
-            os.close(staged)
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(server_name, retired, src_dir_fd=folder, dst_dir_fd=folder)
-        try:
-            os.rename(staging, server_name, src_dir_fd=folder, dst_dir_fd=folder)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.rename(retired, server_name, src_dir_fd=folder, dst_dir_fd=folder)
-            raise
-    finally:
-        for leftover in (staging, retired):
-            with contextlib.suppress(OSError):
-                _confined.remove_entry(folder, leftover)
 
 
 def render_sources(server_name: str, tools: Sequence[Tool]) -> dict[str, str]:
