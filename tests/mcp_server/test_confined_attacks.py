@@ -256,6 +256,8 @@ async def test_folders_and_missing_files_get_clear_errors(client: Client, root: 
     onto = await client.call_tool("upload_file", {"path": "folder", "content_base64": _b64(b"x")})
     assert onto.is_error and "is a folder" in text_of(onto), text_of(onto)
     assert (workspace / "folder").is_dir()
+    long = await client.call_tool("upload_file", {"path": "x" * 300, "content_base64": _b64(b"x")})
+    assert long.is_error and "Could not write" in text_of(long) and "too long" in text_of(long), text_of(long)
 
 
 async def test_images_are_never_written_through_a_link_in_place_of_the_images_folder(

@@ -128,8 +128,13 @@ def write(
         ) from exc
     if len(data) > max_bytes:
         raise WorkspacePathError(_too_large(relative, max_bytes, "upload"))
-    with Confined(workspace) as root:
-        root.write_atomic(relative, data)
+    try:
+        with Confined(workspace) as root:
+            root.write_atomic(relative, data)
+    except OSError as exc:
+        raise WorkspacePathError(
+            f"Could not write {relative!r} in the workspace: {exc.strerror or exc}."
+        ) from exc
     return len(data)
 
 
@@ -144,11 +149,15 @@ def read(workspace: Path, relative: str, max_bytes: int = MAX_FILE_BYTES, rules:
             than `max_bytes`.
     """
     _check(workspace, relative, rules.deny_read, "read")
-    with Confined(workspace) as root:
-        try:
+    try:
+        with Confined(workspace) as root:
             return root.read_bytes(relative, max_bytes)
-        except TooLargeError:
-            raise WorkspacePathError(_too_large(relative, max_bytes, "download")) from None
+    except TooLargeError:
+        raise WorkspacePathError(_too_large(relative, max_bytes, "download")) from None
+    except OSError as exc:
+        raise WorkspacePathError(
+            f"Could not read {relative!r} in the workspace: {exc.strerror or exc}."
+        ) from exc
 
 
 def _check(workspace: Path, relative: str, denied: tuple[str, ...], what: str) -> None:
