@@ -348,3 +348,23 @@ async def test_an_image_swapped_for_a_link_after_it_was_saved_is_not_read_back(
         assert "was not read back" in text_of(shown) and "symbolic link" in text_of(shown), text_of(shown)
     finally:
         (outside / "private.png").unlink()
+
+
+async def test_an_image_corrupted_after_it_was_saved_is_reported_not_a_server_error(client: Client) -> None:
+    from tests.servers.demo_server import png_bytes
+
+    code = (
+        "import os, time\n"
+        "from IPython.display import Image, display\n"
+        "os.makedirs('images', exist_ok=True)\n"
+        "before = set(os.listdir('images'))\n"
+        f"display(Image(data={png_bytes()!r}))\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not (new := set(os.listdir('images')) - before) and time.monotonic() < deadline:\n"
+        "    time.sleep(0.01)\n"
+        "open(os.path.join('images', new.pop()), 'wb').write(b'not a png')\n"
+        "print('corrupted')\n"
+    )
+    shown = await run(client, code)
+    assert "corrupted" in text_of(shown) and "was not read back" in text_of(shown), text_of(shown)
+    assert not [c for c in shown.content if isinstance(c, types.ImageContent)]

@@ -442,7 +442,7 @@ class KernelClient:
         """Save a PNG the code displayed; its path, or a line of output saying why it was not saved."""
         try:
             return self._write_image(b64)
-        except ConfinedPathError as exc:
+        except (ConfinedPathError, OSError, ValueError) as exc:  # ValueError: not base64
             logger.warning("An image was not saved: %s", exc)
             return f"[The image was not saved: {exc}]\n"
 

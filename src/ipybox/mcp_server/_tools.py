@@ -327,13 +327,12 @@ class ToolSession:
         content: list[types.ContentBlock] = [_text(text or "(no output)")]
         for image in result.images:
             try:
-                data = _output.read_image(image, self.workspace)
-            except ConfinedPathError as exc:
+                data = _output.scaled_png(_output.read_image(image, self.workspace))
+            except (ConfinedPathError, OSError, ValueError) as exc:
+                # Kernel code can replace or corrupt the file before it is read back.
                 content.append(_text(f"[The image {image.name} was not read back: {exc}]"))
                 continue
-            content.append(
-                types.ImageContent(type="image", data=_output.scaled_png(data), mime_type="image/png")
-            )
+            content.append(types.ImageContent(type="image", data=data, mime_type="image/png"))
         if result.images:
             paths = ", ".join(str(self._relative(image)) for image in result.images)
             content.append(_text(f"Images saved in the workspace: {paths}"))
