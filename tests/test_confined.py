@@ -232,3 +232,14 @@ def test_replace_folder_swaps_in_whole_and_keeps_the_old_one_on_failure(dirs: tu
         confined.replace_folder("pkg", lambda folder: write_new(folder, "new.py", "new"))
     assert not (root / "pkg").is_symlink() and os.listdir(root / "pkg") == ["new.py"]
     assert os.listdir(outside) == ["secret.txt"]
+
+
+def test_components_given_as_a_sequence_are_checked_too(dirs: tuple[Path, Path]) -> None:
+    root, _ = dirs
+    with Confined(root) as confined:
+        for parts in [("..",), ("a/../..",), ("",), (".",)]:
+            with pytest.raises(ConfinedPathError, match="not a file or folder name"):
+                confined.open_dir(parts, create=True)
+        with pytest.raises(ConfinedPathError, match="cannot be removed"):
+            confined.remove_tree(())
+    assert os.listdir(root) == []

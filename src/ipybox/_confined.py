@@ -108,6 +108,17 @@ def relative_parts(relative: str) -> tuple[str, ...]:
     return parts
 
 
+def _parts(relative: str | Iterable[str]) -> tuple[str, ...]:
+    """Components of a path given as a string (checked by `relative_parts`) or as a sequence."""
+    if isinstance(relative, str):
+        return relative_parts(relative)
+    parts = tuple(relative)
+    for part in parts:
+        if part in ("", ".", "..") or "/" in part or "\x00" in part or (os.sep != "/" and os.sep in part):
+            raise ConfinedPathError(f"{part!r} is not a file or folder name.")
+    return parts
+
+
 def check_unprotected(relative: str, parts: Iterable[str]) -> None:
     """Refuse a path with a component in `PROTECTED_NAMES`.
 
@@ -130,13 +141,15 @@ class Confined:
 
     Args:
         root: The folder; it must exist and is opened as the application names it.
+        label: How error messages name the folder.
 
     Raises:
         ConfinedPathError: If `root` is not a folder.
     """
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, label: str = "the workspace") -> None:
         self.root = Path(root)
+        self.label = label
         try:
             self._fd = os.open(self.root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
         except (FileNotFoundError, NotADirectoryError) as exc:
@@ -166,7 +179,7 @@ class Confined:
         Raises:
             ConfinedPathError: If a component is a link or not a folder, or (without `create`) is missing.
         """
-        parts = relative_parts(relative) if isinstance(relative, str) else tuple(relative)
+        parts = _parts(relative)
         fd = os.dup(self._fd)
         try:
             for index, part in enumerate(parts):
@@ -317,7 +330,9 @@ class Confined:
 
         A missing name is not an error.
         """
-        parts = relative_parts(relative) if isinstance(relative, str) else tuple(relative)
+        parts = _parts(relative)
+        if not parts:
+            raise ConfinedPathError(f"The root of {self._name} cannot be removed.")
         parent = self.open_dir(parts[:-1])
         try:
             remove_entry(parent, parts[-1])
@@ -336,7 +351,9 @@ class Confined:
             ConfinedPathError: If a parent is a link or a file.
             OSError: If `fill` or the swap fails.
         """
-        parts = relative_parts(relative) if isinstance(relative, str) else tuple(relative)
+        parts = _parts(relative)
+        if not parts:
+            raise ConfinedPathError(f"The root of {self._name} cannot be replaced.")
         name = parts[-1]
         parent = self.open_dir(parts[:-1], create=True)
         # mkdir, not mkdtemp: the new folder gets the usual permissions, not 0700.
@@ -367,7 +384,7 @@ class Confined:
 
     @property
     def _name(self) -> str:
-        return "the workspace"
+        return self.label
 
     def _open_child_dir(self, fd: int, part: str, where: str) -> int:
         try:

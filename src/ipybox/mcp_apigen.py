@@ -113,7 +113,7 @@ def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> l
         # root_dir's parent is taken as the application names it; root_dir and everything in it
         # are walked without following links, which kernel code may have put there.
         root_dir.parent.mkdir(parents=True, exist_ok=True)
-        with _confined.Confined(root_dir.parent) as base:
+        with _confined.Confined(root_dir.parent, label=repr(str(root_dir.parent))) as base:
             base.replace_folder((*([root_dir.name] if root_dir.name else []), server_name), fill)
     except (OSError, _confined.ConfinedPathError) as exc:
         raise ApiGenerationError(

@@ -453,7 +453,7 @@ class KernelClient:
         folder = Path(os.path.normpath(self.images_dir.absolute()))
         name = f"{uuid.uuid4().hex[:12]}.png"
         folder.parent.mkdir(parents=True, exist_ok=True)
-        with Confined(folder.parent) as parent:
+        with Confined(folder.parent, label=repr(str(folder.parent))) as parent:
             fd = parent.open_dir([folder.name] if folder.name else [], create=True)
             try:
                 write_new(fd, name, base64.b64decode(b64))
