@@ -18,7 +18,7 @@ import anyio
 import httpx
 
 from ipybox.errors import (
-    ApprovalConnectionError,
+    ApprovalError,
     CodeExecutionError,
     ExecutionError,
     KernelConnectionError,
@@ -404,8 +404,9 @@ class CodeExecutor:
                 # is cancelled again at every await, which would skip the interrupt.
                 with anyio.CancelScope(shield=True):
                     for request in handed:
-                        with contextlib.suppress(ApprovalConnectionError):
-                            await request.reject()
+                        if not request.decided:
+                            with contextlib.suppress(ApprovalError):
+                                await request.reject()
                     if not runner.done():
                         runner.cancel()
                         await asyncio.wait({runner})
