@@ -428,6 +428,8 @@ class CodeExecutor:
                     items.put_nowait(CodeExecutionChunk(text=item))
         except KernelDiedError as exc:
             message = await self._replace_dead_kernel(kernel)
+            if exc.ename == "KernelOutputTooLarge":
+                message = f"{exc.evalue} {message}"
             raise CodeExecutionError(
                 message, ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
             ) from exc

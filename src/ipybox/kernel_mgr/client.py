@@ -39,6 +39,10 @@ _INTERRUPT_GRACE = 5.0
 # The channels handshake completes only once the new kernel answers; on a busy machine
 # a kernel can take longer to boot than the WebSocket library's 10 s default.
 _OPEN_TIMEOUT = 60.0
+# Bytes one message from the kernel may have (a larger one would be held whole in memory), and
+# the WebSocket close code for a message over it.
+_MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+_MESSAGE_TOO_BIG = 1009
 # Characters of one execution's output text that an `ExecutionResult` keeps (its head and tail).
 DEFAULT_MAX_OUTPUT_CHARS = 16 * 1024 * 1024
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -70,6 +74,8 @@ class _Kernel:
     queues: dict[str, asyncio.Queue[dict[str, Any] | None]] = field(default_factory=dict)
     receiver: asyncio.Task[None] | None = None
     dead: bool = False
+    # Why the connection ended, when the client itself ended it (a message over the size limit).
+    lost_because: str | None = None
     busy: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -383,6 +389,12 @@ class KernelClient:
                     "its state (variables, imports, definitions) is lost."
                 ) from None
             if msg is None:
+                if kernel.lost_because is not None:
+                    raise KernelDiedError(
+                        f"{kernel.lost_because} Call reset() to start a fresh kernel.",
+                        ename="KernelOutputTooLarge",
+                        evalue=kernel.lost_because,
+                    )
                 raise KernelDiedError(
                     "The kernel died while running the code and lost its state; call reset() to start "
                     "a fresh one.",
@@ -499,7 +511,7 @@ class KernelClient:
         try:
             ws = await websockets.connect(
                 f"ws://{self.host}:{self.port}/api/kernels/{kernel_id}/channels?session_id={session}",
-                max_size=None,
+                max_size=_MAX_MESSAGE_SIZE,
                 ping_interval=self.ping_interval,
                 compression=None,
                 open_timeout=_OPEN_TIMEOUT,
@@ -543,8 +555,13 @@ class KernelClient:
                 queue = kernel.queues.get(msg["parent_id"])
                 if queue is not None:
                     queue.put_nowait(msg)
-        except websockets.ConnectionClosed:
-            pass
+        except websockets.ConnectionClosed as exc:
+            if exc.rcvd is None and exc.sent is not None and exc.sent.code == _MESSAGE_TOO_BIG:
+                kernel.lost_because = (
+                    f"The kernel sent one message over {_MAX_MESSAGE_SIZE // (1024 * 1024)} MiB (an output that "
+                    "large at once, e.g. one print of it), so ipybox closed its connection to the kernel and "
+                    "the kernel's state is lost; print less at once (write large data to a file instead)."
+                )
         except Exception:
             # Without the router no execution can finish: report the kernel as lost.
             logger.exception("Unreadable message from kernel %s; treating it as dead.", kernel.id)
