@@ -370,6 +370,25 @@ def hostile_url() -> Iterator[str]:
         process.stdout.close()
 
 
+async def test_argument_names_are_shown_escaped_where_the_schema_allows_any(hostile_url: str) -> None:
+    seen: list[ApprovalRequest] = []
+
+    async def accept(request: ApprovalRequest) -> None:
+        seen.append(request)
+        await request.accept()
+
+    async with ToolServer(port=0, approval_required=True, log_level="WARNING") as server:
+        async with ApprovalClient(accept, port=server.port):
+            runner = ToolRunner("hostile", {"url": hostile_url}, port=server.port)
+            # Printed raw, the second name would erase the line and show only "safe=1".
+            args = {"path": "/", f"recursive{HIDE}safe": 1}
+            assert await runner.run("anything", args) == "2 arguments"
+    [request] = seen
+    assert str(request) == "hostile.anything(path='/', 'recursive\\r\\x1b[2Ksafe'=1)"
+    for shown in (str(request), repr(request)):
+        assert not any(ord(char) < 32 for char in shown), shown
+
+
 @pytest.mark.parametrize("tool", ["huge_json", "huge_sse"])
 async def test_a_huge_answer_is_refused_while_it_is_read(hostile_url: str, tool: str) -> None:
     async with ToolServer(port=0, log_level="WARNING", max_result_size=MiB) as server:

@@ -10,6 +10,7 @@ It prints ``READY <url>`` once it accepts connections. Tools:
   the server itself holds little of it.
 - ``huge_sse(size)``: the same as one server-sent event.
 - ``trickle()``: a JSON answer that starts and then sends one byte every 50 ms, forever.
+- ``anything(**kwargs)``: takes arguments of any name (its schema allows more) and says how many.
 """
 
 from __future__ import annotations
@@ -35,6 +36,13 @@ _TOOLS = [
         ("trickle", {}),
     ]
 ]
+_TOOLS.append(
+    {
+        "name": "anything",
+        "description": "anything",
+        "inputSchema": {"type": "object", "additionalProperties": True},
+    }
+)
 
 
 async def _huge(head: bytes, size: int, tail: bytes) -> AsyncIterator[bytes]:
@@ -97,6 +105,9 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             response = StreamingResponse(body, media_type="text/event-stream")
         elif name == "trickle":
             response = StreamingResponse(_trickle(head), media_type="application/json")
+        elif name == "anything":
+            content = {"content": [{"type": "text", "text": f"{len(args)} arguments"}]}
+            response = Response(_reply(request_id, content), media_type="application/json")
         else:
             content = {"content": [{"type": "text", "text": str(args.get("text", ""))}]}
             response = Response(_reply(request_id, content), media_type="application/json")
