@@ -5,6 +5,7 @@ application hold unbounded memory, descriptors or time. Each test also shows the
 from __future__ import annotations
 
 import asyncio
+import base64
 import selectors
 import socket
 import subprocess
@@ -12,6 +13,7 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -413,3 +415,95 @@ async def test_an_answer_that_trickles_forever_is_abandoned(
             async with asyncio.timeout(120):
                 await runner.run("trickle", {})
         assert await runner.run("echo", {"text": "next"}) == "next"
+
+
+# --- The MCP server (python -m ipybox over stdio, through the SDK's client) ------------------------
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def mcp_client(workdir: Path) -> AsyncIterator[Any]:
+    from tests.mcp_server.support import connected, server_env, stdio_params
+
+    workspace = workdir / "workspace"
+    workspace.mkdir()
+    async with connected(stdio_params(workspace, env=server_env())) as client:
+        yield client
+
+
+def _mcp_server_process() -> psutil.Process:
+    [server] = [
+        child
+        for child in psutil.Process().children()
+        if "ipybox" in child.cmdline() and "--workspace" in child.cmdline()
+    ]
+    return server
+
+
+class PeakTreeRss(PeakRss):
+    """`PeakRss` of another process (the MCP server) rather than this one."""
+
+    def __init__(self, process: psutil.Process) -> None:
+        super().__init__()
+        self._process = process
+        self._start = self._peak = process.memory_info().rss
+
+
+# A 6000 x 6000 grey PNG (36 million pixels, a few kilobytes), made without Pillow.
+BIG_PNG = """
+import struct, zlib
+from IPython.display import Image, display
+def chunk(kind, data):
+    return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+def png(width, height, extra=b''):
+    rows = zlib.compress((b'\\x00' + b'\\x80' * width) * height)
+    head = chunk(b'IHDR', struct.pack('>IIBBBBB', width, height, 8, 0, 0, 0, 0))
+    return b'\\x89PNG\\r\\n\\x1a\\n' + head + extra + chunk(b'IDAT', rows) + chunk(b'IEND', b'')
+"""
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_mcp_server_skips_bad_display_data_and_bad_images_with_a_note(mcp_client: Any) -> None:
+    import mcp_types as types
+
+    from tests.mcp_server.support import run, text_of
+
+    code = BIG_PNG + (
+        "from IPython.display import publish_display_data\n"
+        "print('before')\n"
+        "publish_display_data({'image/png': 'not base64!'})\n"
+        "display(Image(data=png(6000, 6000)))\n"
+        # A bad checksum in an ancillary chunk: Pillow refuses it, other viewers show it.
+        "bad = chunk(b'tEXt', b'k\\x00v')[:-4] + b'\\x00\\x00\\x00\\x00'\n"
+        "display(Image(data=png(1000, 800, bad)))\n"
+        "print('after')\n"
+    )
+    result = await run(mcp_client, code)
+    assert not result.is_error, text_of(result)
+    text = text_of(result)
+    assert text.startswith("before\n[ipybox skipped an image/png output: it is not base64-encoded PNG data]")
+    assert "after" in text
+    assert "is not shown: it is 6000 x 6000 pixels, more than the 25000000 pixels" in text
+    images = [block for block in result.content if isinstance(block, types.ImageContent)]
+    # The image Pillow cannot decode is passed on as it is.
+    assert len(images) == 1 and base64.b64decode(images[0].data).startswith(b"\x89PNG")
+    assert text_of(await run(mcp_client, "print('next')")).startswith("next")
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_the_mcp_server_does_not_grow_with_what_a_cell_prints(mcp_client: Any, workdir: Path) -> None:
+    from tests.mcp_server.support import run, text_of
+
+    code = "chunk = 'v' * (1 << 20)\nfor _ in range(300):\n    print(chunk, end='', flush=True)\nraise ValueError('at the end')"
+    server = _mcp_server_process()
+    with PeakTreeRss(server) as rss:
+        result = await run(mcp_client, code, timeout=300)
+    assert result.is_error
+    text = text_of(result)
+    assert "ValueError: at the end" in text
+    # The "complete" output the server saved is what it kept: head and tail around a note.
+    saved = workdir / "workspace" / text.split("the complete output is in ")[1].split(" in the workspace")[0]
+    assert saved.stat().st_size < 17 * MiB
+    assert "characters of output dropped here" in saved.read_text()
+    # 300 MiB printed; the server keeps at most 16 Mi characters of it (and one copy to shape it).
+    assert rss.growth < 200 * MiB, rss.growth
+    assert text_of(await run(mcp_client, "print('next')")).startswith("next")
