@@ -405,6 +405,19 @@ async def test_a_huge_answer_is_refused_while_it_is_read(hostile_url: str, tool:
         assert await runner.run("echo", {"text": "next"}) == "next"
 
 
+async def test_a_huge_answer_over_stdio_is_refused_while_it_is_read() -> None:
+    async with ToolServer(port=0, log_level="WARNING", max_result_size=MiB) as server:
+        runner = ToolRunner("demo", DEMO, port=server.port)
+        assert await runner.run("echo", {"text": "first"}) == "first"
+        with PeakRss() as rss:
+            with pytest.raises(ToolRunnerError, match="byte limit"):
+                async with asyncio.timeout(120):
+                    # One line of about 80 MB (the blob as base64 in JSON) from the server's stdout.
+                    await runner.run_content("blob", {"size": 60 * MiB})
+        assert rss.growth < 60 * MiB, rss.growth
+        assert await runner.run("echo", {"text": "next"}) == "next"
+
+
 async def test_an_answer_that_trickles_forever_is_abandoned(
     hostile_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
