@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import uuid
@@ -23,8 +25,9 @@ from typing import Any
 import anyio
 import httpx2
 from mcp.client import Client
+from mcp.client import stdio as sdk_stdio
 from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
@@ -461,7 +464,7 @@ class MCPSession:
             server = StdioServerParameters(
                 command=params.command, args=list(params.args), env=env, cwd=params.cwd
             )
-            return stdio_client(server, errlog=sys.stderr)
+            return _bounded_stdio(server, self.max_message_size, errlog=sys.stderr)
         if params.transport == "sse":
             limit = self.max_message_size
 
@@ -507,6 +510,128 @@ async def _streamable_http(
             url, http_client=http_client, max_sse_event_size=max_message_size
         ) as streams:
             yield streams
+
+
+# The id of a JSON-RPC answer that names it before its result or error (as the SDKs write them).
+_ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d+|"[^"\\]*")')
+
+
+@contextlib.asynccontextmanager
+async def _bounded_stdio(
+    server: StdioServerParameters, max_message_size: int | None, errlog: Any = sys.stderr
+) -> AsyncIterator[Any]:
+    """The MCP SDK's stdio transport (``stdio_client``), with a size limit on each message while it is read.
+
+    Process start and stop are the SDK's own. A line over the limit is not kept: its request
+    (whose id is read from the line's start) fails with an error naming the limit, and the
+    rest of the line is skipped; the session carries on. A line without a readable id ends
+    the session (its calls fail, the next call starts the server again).
+    """
+    import mcp_types
+    from mcp.shared.message import SessionMessage
+
+    command = await sdk_stdio._get_executable_command(server.command)
+    process = await sdk_stdio._create_platform_compatible_process(
+        command=command,
+        args=server.args,
+        env=sdk_stdio.get_default_environment() | (server.env or {}),
+        errlog=errlog,
+        cwd=server.cwd,
+    )
+    read_writer, read_stream = anyio.create_memory_object_stream[Any](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
+    writer_done = anyio.Event()
+
+    async def deliver(line: bytes) -> None:
+        try:
+            message: Any = SessionMessage(
+                mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+            )
+        except ValueError as exc:
+            message = exc
+        await read_writer.send(message)
+
+    async def refuse(head: bytes, size: int) -> bool:
+        """Fail the request of a line over the limit; whether its id was found."""
+        error = (
+            f"the answer is over the byte limit of {max_message_size} bytes per message (the tool server's "
+            "max_result_size plus 1 MiB), so it was not read further"
+        )
+        logger.warning("An MCP server sent a message of %d bytes; refused: %s", size, error)
+        found = _ID.match(head)
+        if found is None:
+            return False
+        reply = mcp_types.JSONRPCError(
+            jsonrpc="2.0",
+            id=json.loads(found.group(1)),
+            error=mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message=error),
+        )
+        await read_writer.send(SessionMessage(reply))
+        return True
+
+    async def read() -> None:
+        assert process.stdout is not None
+        buffer = bytearray()
+        head = b""  # the start of a line being skipped (over the limit), for its request id
+        skipped = 0
+        try:
+            async with read_writer:
+                try:
+                    async for chunk in process.stdout:
+                        start = 0
+                        while (end := chunk.find(b"\n", start)) >= 0:
+                            if skipped:
+                                if not await refuse(head, skipped + end - start):
+                                    return  # no request to fail: the session ends instead
+                                head, skipped = b"", 0
+                            else:
+                                buffer += chunk[start:end]
+                                await deliver(bytes(buffer))
+                                buffer.clear()
+                            start = end + 1
+                        rest = len(chunk) - start
+                        if skipped:
+                            skipped += rest
+                        elif max_message_size is not None and len(buffer) + rest > max_message_size:
+                            head = (bytes(buffer) + chunk[start : start + 4096])[:4096]
+                            skipped = len(buffer) + rest
+                            buffer.clear()
+                        else:
+                            buffer += chunk[start:]
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+                finally:
+                    await sdk_stdio._drain_stdout(process)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
+            pass
+
+    async def write() -> None:
+        assert process.stdin is not None
+        try:
+            async with write_reader:
+                async for session_message in write_reader:
+                    data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send((data + "\n").encode())
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()
+        finally:
+            writer_done.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(read)
+        tasks.start_soon(write)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):
+                read_stream.close()
+                write_stream.close()
+                with anyio.move_on_after(sdk_stdio._WRITER_FLUSH_TIMEOUT):
+                    await writer_done.wait()
+                await sdk_stdio._stop_server_process(process)
+                for stream in (read_stream, write_stream, read_writer, write_reader):
+                    await stream.aclose()
+            tasks.cancel_scope.cancel()
 
 
 def _find_process_group(marker: str) -> int | None:
