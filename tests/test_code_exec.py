@@ -22,7 +22,7 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
-from ipybox.errors import KernelConnectionError
+from ipybox.errors import ApprovalDecisionError, KernelConnectionError
 from tests.conftest import DEMO_SERVER
 from tests.sandbox_support import require_sandbox
 
@@ -457,7 +457,9 @@ async def test_closing_a_stream_early_rejects_the_call_waiting_for_approval(exec
             request = item
             break  # walk away without deciding
     await wait_for(lambda: not channel._pending)  # the tool server was told "rejected"
-    await request.accept()  # a decision after the execution ended runs nothing
+    # A decision after the execution ended runs nothing, and says so.
+    with pytest.raises(ApprovalDecisionError, match="already rejected"):
+        await request.accept()
     assert not channel._pending
     assert (await executor.execute("print('next')")).text == "next"
 

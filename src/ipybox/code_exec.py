@@ -18,7 +18,7 @@ import anyio
 import httpx
 
 from ipybox.errors import (
-    ApprovalConnectionError,
+    ApprovalError,
     CodeExecutionError,
     ExecutionError,
     KernelConnectionError,
@@ -404,8 +404,9 @@ class CodeExecutor:
                 # is cancelled again at every await, which would skip the interrupt.
                 with anyio.CancelScope(shield=True):
                     for request in handed:
-                        with contextlib.suppress(ApprovalConnectionError):
-                            await request.reject()
+                        if not request.decided:
+                            with contextlib.suppress(ApprovalError):
+                                await request.reject()
                     if not runner.done():
                         runner.cancel()
                         await asyncio.wait({runner})
@@ -427,6 +428,8 @@ class CodeExecutor:
                     items.put_nowait(CodeExecutionChunk(text=item))
         except KernelDiedError as exc:
             message = await self._replace_dead_kernel(kernel)
+            if exc.ename == "KernelOutputTooLarge":
+                message = f"{exc.evalue} {message}"
             raise CodeExecutionError(
                 message, ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
             ) from exc

@@ -20,7 +20,8 @@ in ``ipybox``)::
     ├── ApprovalError             approval could not be asked for or answered
     │   ├── NoApprovalClientError       approval is required but no client is connected
     │   ├── ApprovalClientDisconnected  the client left before deciding
-    │   └── ApprovalConnectionError     an ApprovalClient cannot reach or lost the tool server
+    │   ├── ApprovalConnectionError     an ApprovalClient cannot reach or lost the tool server
+    │   └── ApprovalDecisionError       a decision was not taken (already decided, or expired)
     └── ApiGenerationError        a typed API could not be generated for an MCP server
 
 ``GatewayError`` and ``KernelConnectionError`` are also ``RuntimeError`` and
@@ -36,6 +37,7 @@ __all__ = [
     "ApiGenerationError",
     "ApprovalClientDisconnected",
     "ApprovalConnectionError",
+    "ApprovalDecisionError",
     "ApprovalError",
     "CodeExecutionError",
     "ExecutionError",
@@ -148,6 +150,11 @@ class ApprovalClientDisconnected(ApprovalError):
 
 class ApprovalConnectionError(ApprovalError, ConnectionError):
     """An approval client could not reach the tool server, was refused, or lost the connection."""
+
+
+class ApprovalDecisionError(ApprovalError):
+    """An ``accept()`` or ``reject()`` that did not take effect: the request was already decided,
+    or it was no longer waiting (it expired, or the call was withdrawn); the message says which."""
 
 
 class ApiGenerationError(IpyboxError):

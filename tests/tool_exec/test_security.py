@@ -199,9 +199,19 @@ async def test_s2_replayed_or_premature_decisions_do_nothing(secured: ToolServer
         accept = {"jsonrpc": "2.0", "id": first["id"], "result": True}
         await ws.send(json.dumps(accept))
         assert await first_call == "one"
-        # A replay of that decision, and a rejection sent ahead for the next id, are both ignored.
+
+        async def notice() -> dict[str, object]:
+            message = json.loads(await asyncio.wait_for(ws.recv(), 10))
+            assert message["method"] == "decided"
+            return dict(message["params"])
+
+        assert await notice() == {"id": first["id"], "taken": True}
+        # A replay of that decision, and a rejection sent ahead for the next id, are both ignored,
+        # and the server says so.
         await ws.send(json.dumps(accept))
+        assert await notice() == {"id": first["id"], "taken": False}
         await ws.send(json.dumps({"jsonrpc": "2.0", "id": first["id"] + 1, "result": False}))
+        assert await notice() == {"id": first["id"] + 1, "taken": False}
         await ws.send(json.dumps({"jsonrpc": "2.0", "id": first["id"] + 1, "result": "yes"}))
         second_call = asyncio.create_task(runner.run("echo", {"text": "two"}))
         second = json.loads(await asyncio.wait_for(ws.recv(), 10))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
 import json
 import logging
@@ -11,6 +12,7 @@ import os
 import re
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,13 @@ _INTERRUPT_GRACE = 5.0
 # The channels handshake completes only once the new kernel answers; on a busy machine
 # a kernel can take longer to boot than the WebSocket library's 10 s default.
 _OPEN_TIMEOUT = 60.0
+# Bytes one message from the kernel may have (a larger one would be held whole in memory), and
+# the WebSocket close code for a message over it.
+_MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+_MESSAGE_TOO_BIG = 1009
+# Characters of one execution's output text that an `ExecutionResult` keeps (its head and tail).
+DEFAULT_MAX_OUTPUT_CHARS = 16 * 1024 * 1024
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 @dataclass(frozen=True)
@@ -46,7 +55,10 @@ class ExecutionResult:
     """The result of code that ran to completion.
 
     Attributes:
-        text: Everything the code printed or displayed as text, or ``None`` if nothing.
+        text: Everything the code printed or displayed as text, or ``None`` if nothing. Output
+            over the client's ``max_output_chars`` keeps its head and tail, with a note of how
+            much was dropped between them; an output the client could not read (say an image
+            that is not base64 PNG data) is skipped with a note in its place.
         images: Paths of the PNG images the code displayed (e.g. matplotlib plots).
     """
 
@@ -64,6 +76,8 @@ class _Kernel:
     queues: dict[str, asyncio.Queue[dict[str, Any] | None]] = field(default_factory=dict)
     receiver: asyncio.Task[None] | None = None
     dead: bool = False
+    # Why the connection ended, when the client itself ended it (a message over the size limit).
+    lost_because: str | None = None
     busy: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -90,6 +104,10 @@ class KernelClient:
         auth_token: The gateway's `auth_token`, if it has one.
         spare_kernel: Keep a spare kernel warm for a fast `reset()`; ``False`` saves its
             memory (a reset then waits for a kernel to start).
+        max_output_chars: Characters of an execution's output text kept for its
+            `ExecutionResult`: beyond that, its first and last halves are kept and the middle
+            is dropped with a note (`stream` still yields every chunk as it arrives). This
+            bounds the memory a kernel that prints without end can make the application use.
     """
 
     def __init__(
@@ -101,7 +119,11 @@ class KernelClient:
         *,
         auth_token: str | None = None,
         spare_kernel: bool = True,
+        max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
     ) -> None:
+        if max_output_chars < 2:
+            raise ValueError(f"max_output_chars must be at least 2, not {max_output_chars!r}.")
+        self.max_output_chars = max_output_chars
         self.host = host
         self._headers = {"Authorization": f"token {auth_token}"} if auth_token else {}
         self.port = port
@@ -345,7 +367,7 @@ class KernelClient:
     async def _collect(
         self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
     ) -> AsyncGenerator[str | ExecutionResult, None]:
-        chunks: list[str] = []
+        kept = _KeptText(self.max_output_chars)
         images: list[Path] = []
         error: dict[str, Any] | None = None
         idle = replied = False
@@ -369,6 +391,12 @@ class KernelClient:
                     "its state (variables, imports, definitions) is lost."
                 ) from None
             if msg is None:
+                if kernel.lost_because is not None:
+                    raise KernelDiedError(
+                        f"{kernel.lost_because} Call reset() to start a fresh kernel.",
+                        ename="KernelOutputTooLarge",
+                        evalue=kernel.lost_because,
+                    )
                 raise KernelDiedError(
                     "The kernel died while running the code and lost its state; call reset() to start "
                     "a fresh one.",
@@ -376,6 +404,9 @@ class KernelClient:
                 )
             msg_type = msg["msg_type"]
             content = msg["content"]
+            if not isinstance(content, dict):
+                continue  # not a Jupyter message's content: nothing in it to read
+            text: str | None = None
             if msg_type == "execute_reply":
                 replied = True
                 if content.get("status") == "error" and error is None:
@@ -392,36 +423,53 @@ class KernelClient:
                 # it ignores the signal, so interrupt() waits for this.
                 kernel.busy.set()
             elif msg_type == "stream":
-                stripper = strippers.setdefault(content.get("name", ""), _AnsiStripper())
-                if text := stripper.feed(content.get("text", "")):
-                    chunks.append(text)
-                    yield text
+                chunk = content.get("text", "")
+                if isinstance(chunk, str):
+                    stripper = strippers.setdefault(str(content.get("name", "")), _AnsiStripper())
+                    text = stripper.feed(chunk)
+                else:
+                    text = _skipped("a stream output", "its text is not a string")
             elif msg_type in ("execute_result", "display_data"):
-                data = content.get("data", {})
-                if "image/png" in data:
-                    saved = self._save_image(data["image/png"])
-                    if isinstance(saved, Path):
-                        images.append(saved)
-                    else:
-                        chunks.append(saved)
-                        yield saved
-                elif "text/plain" in data:
-                    text = _ANSI.sub("", data["text/plain"]) + "\n"
-                    chunks.append(text)
-                    yield text
+                text = self._display(content.get("data"), images)
             elif msg_type == "error":
                 error = content
+            if text:
+                kept.append(text)
+                yield text
         for stripper in strippers.values():
             stripper.flush()
         if error is not None:
-            ename = error.get("ename", "")
-            evalue = error.get("evalue", "")
-            traceback = _ANSI.sub("", "\n".join(error.get("traceback", [])))
+            ename = str(error.get("ename", ""))
+            evalue = str(error.get("evalue", ""))
+            lines = error.get("traceback")
+            lines = [str(line) for line in lines] if isinstance(lines, list) else []
+            traceback = _ANSI.sub("", "\n".join(lines))
             raise ExecutionError(
                 traceback or f"{ename}: {evalue}", ename=ename, evalue=evalue, traceback=traceback
             )
-        text = "".join(chunks).strip("\n")
-        yield ExecutionResult(text=text or None, images=images)
+        result = kept.text().strip("\n")
+        yield ExecutionResult(text=result or None, images=images)
+
+    def _display(self, data: Any, images: list[Path]) -> str | None:
+        """Save a display bundle's PNG, or return its text; a note for one that cannot be read."""
+        if not isinstance(data, dict):
+            return _skipped("a display output", "its data is not a mapping of MIME types")
+        if "image/png" in data:
+            png = data["image/png"]
+            # The signature is checked on the first bytes: b64decode skips what is not base64.
+            if not isinstance(png, str) or not _is_png(png):
+                return _skipped("an image/png output", "it is not base64-encoded PNG data")
+            saved = self._save_image(png)
+            if isinstance(saved, str):
+                return saved
+            images.append(saved)
+            return None
+        if "text/plain" in data:
+            plain = data["text/plain"]
+            if not isinstance(plain, str):
+                return _skipped("a text/plain output", "it is not a string")
+            return _ANSI.sub("", plain) + "\n"
+        return None
 
     async def _interrupt(self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None]) -> bool:
         """Interrupt the kernel and wait briefly until it is idle again; whether it got there."""
@@ -480,7 +528,7 @@ class KernelClient:
         try:
             ws = await websockets.connect(
                 f"ws://{self.host}:{self.port}/api/kernels/{kernel_id}/channels?session_id={session}",
-                max_size=None,
+                max_size=_MAX_MESSAGE_SIZE,
                 ping_interval=self.ping_interval,
                 compression=None,
                 open_timeout=_OPEN_TIMEOUT,
@@ -524,8 +572,13 @@ class KernelClient:
                 queue = kernel.queues.get(msg["parent_id"])
                 if queue is not None:
                     queue.put_nowait(msg)
-        except websockets.ConnectionClosed:
-            pass
+        except websockets.ConnectionClosed as exc:
+            if exc.rcvd is None and exc.sent is not None and exc.sent.code == _MESSAGE_TOO_BIG:
+                kernel.lost_because = (
+                    f"The kernel sent one message over {_MAX_MESSAGE_SIZE // (1024 * 1024)} MiB (an output that "
+                    "large at once, e.g. one print of it), so ipybox closed its connection to the kernel and "
+                    "the kernel's state is lost; print less at once (write large data to a file instead)."
+                )
         except Exception:
             # Without the router no execution can finish: report the kernel as lost.
             logger.exception("Unreadable message from kernel %s; treating it as dead.", kernel.id)
@@ -537,6 +590,68 @@ class KernelClient:
         kernel.dead = True
         for queue in kernel.queues.values():
             queue.put_nowait(None)
+
+
+def _is_png(b64: str) -> bool:
+    try:
+        return base64.b64decode(b64.lstrip()[:12]).startswith(_PNG_SIGNATURE)
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _skipped(what: str, why: str) -> str:
+    return f"[ipybox skipped {what}: {why}]\n"
+
+
+class _KeptText:
+    """The output text an execution keeps: whole up to `limit` characters, else its head and tail.
+
+    The head takes the first half of the limit and the tail the last output that fits the
+    other half; what lies between is counted and dropped, so memory stays bounded however much
+    a kernel prints.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._head_room = limit // 2
+        self._tail_room = limit - self._head_room
+        self._head: list[str] = []
+        self._tail: deque[str] = deque()
+        self._tail_size = 0
+        self._dropped = 0
+
+    def append(self, text: str) -> None:
+        if self._head_room:
+            part = text[: self._head_room]
+            self._head.append(part)
+            self._head_room -= len(part)
+            text = text[len(part) :]
+            if not text:
+                return
+        self._tail.append(text)
+        self._tail_size += len(text)
+        while self._tail_size > self._tail_room:
+            excess = self._tail_size - self._tail_room
+            first = self._tail[0]
+            if len(first) <= excess:
+                self._tail.popleft()
+                cut = len(first)
+            else:
+                self._tail[0] = first[excess:]
+                cut = excess
+            self._tail_size -= cut
+            self._dropped += cut
+
+    def text(self) -> str:
+        if not self._dropped:
+            return "".join(self._head) + "".join(self._tail)
+        note = (
+            f"\n[... ipybox dropped {self._dropped} characters of output here: an execution keeps at most "
+            f"{self._head_room_total() + self._tail_room} characters, its beginning and its end ...]\n"
+        )
+        return "".join(self._head) + note + "".join(self._tail)
+
+    def _head_room_total(self) -> int:
+        return sum(len(part) for part in self._head) + self._head_room
 
 
 class _AnsiStripper:

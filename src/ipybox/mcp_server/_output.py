@@ -108,14 +108,97 @@ def read_image(path: Path, workspace: Path, max_bytes: int = MAX_IMAGE_BYTES) ->
         return root.read_bytes(relative.as_posix(), max_bytes)
 
 
-def scaled_png(data: bytes, max_side: int = MAX_IMAGE_SIDE) -> str:
-    """The PNG `data` as base64, scaled down so its longer side is at most `max_side`."""
-    from PIL import Image  # imported on first image: Pillow is not needed before
+# Images with more pixels are not decoded (a small PNG file can hold a huge image); a larger
+# one that must be scaled is skipped with a note.
+MAX_IMAGE_PIXELS = 25_000_000
+# An image that cannot be decoded for scaling is passed on unchanged if its file is this small.
+_MAX_UNSCALED_BYTES = 4 * 1024 * 1024
 
-    with Image.open(io.BytesIO(data)) as image:
-        if max(image.size) <= max_side:
-            return base64.b64encode(data).decode("ascii")
-        image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG", optimize=True)
+
+class ImageSkipped(Exception):
+    """An image that is not passed on; the message says why."""
+
+
+def scaled_png(data: bytes, max_side: int = MAX_IMAGE_SIDE) -> str:
+    """The PNG `data` as base64, scaled down so its longer side is at most `max_side`.
+
+    Blocking and CPU-bound: run it in a worker thread. An image within `max_side` is passed on
+    as it is, without being decoded; so is a small one that cannot be decoded for scaling (other
+    viewers may show what Pillow refuses, e.g. a bad ancillary chunk).
+
+    Raises:
+        ImageSkipped: The file is not an image, has more than `MAX_IMAGE_PIXELS` pixels, or
+            cannot be decoded and is too large to pass on unscaled.
+    """
+    from PIL import Image, UnidentifiedImageError  # imported on first image: Pillow is not needed before
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if max(width, height) <= max_side:
+                return base64.b64encode(data).decode("ascii")
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ImageSkipped(
+                    f"it is {width} x {height} pixels, more than the {MAX_IMAGE_PIXELS} pixels ipybox scales; "
+                    "save a smaller figure"
+                )
+            try:
+                image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+                buffer = io.BytesIO()
+                image.save(buffer, format="PNG", optimize=True)
+            except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+                if len(data) > _MAX_UNSCALED_BYTES:
+                    raise ImageSkipped(
+                        f"it could not be decoded to scale it ({exc}) and is too large to pass on"
+                    ) from exc
+                return base64.b64encode(data).decode("ascii")
+    except (UnidentifiedImageError, Image.DecompressionBombError) as exc:
+        raise ImageSkipped(f"it is not an image ipybox can read ({exc})") from exc
+    except OSError as exc:
+        raise ImageSkipped(f"it could not be read ({exc})") from exc
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+class KeptOutput:
+    """Output chunks of a running cell, kept up to `limit` characters: the first half of the
+    limit and the most recent half, with a count of what was dropped between them."""
+
+    def __init__(self, limit: int) -> None:
+        self._head_room = limit // 2
+        self._tail_room = limit - self._head_room
+        self._head: list[str] = []
+        self._tail: list[str] = []
+        self._tail_size = 0
+        self._dropped = 0
+
+    def __bool__(self) -> bool:
+        return bool(self._head)
+
+    def append(self, text: str) -> None:
+        if self._head_room:
+            part = text[: self._head_room]
+            self._head.append(part)
+            self._head_room -= len(part)
+            text = text[len(part) :]
+            if not text:
+                return
+        self._tail.append(text)
+        self._tail_size += len(text)
+        if self._tail_size > 2 * self._tail_room:
+            joined = "".join(self._tail)
+            self._dropped += len(joined) - self._tail_room
+            self._tail = [joined[-self._tail_room :]]
+            self._tail_size = self._tail_room
+
+    def recent(self, count: int = 10) -> str:
+        """The last `count` chunks joined."""
+        return "".join((self._head + self._tail)[-count:])
+
+    def text(self) -> str:
+        """Everything kept, with a note where output was dropped."""
+        tail = "".join(self._tail)
+        dropped = self._dropped + max(0, len(tail) - self._tail_room)
+        if not dropped:
+            return "".join(self._head) + tail
+        note = f"\n[... {dropped} characters of output dropped here (ipybox keeps a cell's beginning and end) ...]\n"
+        return "".join(self._head) + note + tail[-self._tail_room :]

@@ -22,6 +22,7 @@ from ipybox.errors import (
     MCPServerError,
     ServerParamsError,
 )
+from ipybox.kernel_mgr.client import DEFAULT_MAX_OUTPUT_CHARS
 from ipybox.mcp_server import _files, _output
 from ipybox.mcp_server._install import Installer, InstallError
 from ipybox.tool_exec.approval.client import ApprovalRequest
@@ -296,7 +297,7 @@ class ToolSession:
                 f"max_output_chars must be at least {_MIN_OUTPUT_CHARS} (got {max_output_chars}); "
                 "long output keeps its head and tail anyway, with the whole saved to a file."
             )
-        output: list[str] = []
+        output = _output.KeptOutput(DEFAULT_MAX_OUTPUT_CHARS)
         result: CodeExecutionResult | None = None
         failure: str | None = None
         async with anyio.create_task_group() as tasks:
@@ -319,23 +320,29 @@ class ToolSession:
             finally:
                 tasks.cancel_scope.cancel()
         if failure is not None:
-            text = _output.clean("".join(output)).rstrip("\n")
+            text = _output.clean(output.text()).rstrip("\n")
             text = f"{text}\n{_output.clean(failure)}" if text else _output.clean(failure)
             return _error(_output.truncate(text, max_output_chars, self.workspace))
         assert result is not None
         text = _output.truncate(_output.clean(result.text or ""), max_output_chars, self.workspace)
         content: list[types.ContentBlock] = [_text(text or "(no output)")]
+        skipped: list[str] = []
         for image in result.images:
             try:
-                data = _output.scaled_png(_output.read_image(image, self.workspace))
-            except (ConfinedPathError, OSError, ValueError) as exc:
-                # Kernel code can replace or corrupt the file before it is read back.
-                content.append(_text(f"[The image {image.name} was not read back: {exc}]"))
+                data = _output.read_image(image, self.workspace)
+            except ConfinedPathError as exc:
+                skipped.append(f"[The image {image.name} was not read back: {exc}]")
                 continue
-            content.append(types.ImageContent(type="image", data=data, mime_type="image/png"))
+            try:
+                # Decoding and scaling are CPU work: off the event loop, two at a time at most.
+                encoded = await anyio.to_thread.run_sync(_output.scaled_png, data, limiter=_IMAGE_WORKERS)
+            except _output.ImageSkipped as exc:
+                skipped.append(f"Image {self._relative(image)} is not shown: {exc}.")
+                continue
+            content.append(types.ImageContent(type="image", data=encoded, mime_type="image/png"))
         if result.images:
             paths = ", ".join(str(self._relative(image)) for image in result.images)
-            content.append(_text(f"Images saved in the workspace: {paths}"))
+            content.append(_text(" ".join([f"Images saved in the workspace: {paths}", *skipped])))
         return types.CallToolResult(content=content)
 
     async def register_mcp_server(
@@ -455,19 +462,20 @@ def _shown(path: str) -> str:
     return "/".join(relative_parts(path))
 
 
-async def _report_progress(progress: Progress, output: list[str]) -> None:
+async def _report_progress(progress: Progress, output: _output.KeptOutput) -> None:
     start = time.monotonic()
     sent_at, sent_line = start, ""
     while True:
         await anyio.sleep(_PROGRESS_INTERVAL)
         now = time.monotonic()
-        line = _output.last_line("".join(output[-10:])) if output else ""
+        line = _output.last_line(output.recent()) if output else ""
         if line != sent_line or now - sent_at >= _HEARTBEAT_INTERVAL:
             await progress(round(now - start, 1), line or "running")
             sent_at, sent_line = now, line
 
 
 _MISSING = object()
+_IMAGE_WORKERS = anyio.CapacityLimiter(2)
 
 
 def _arg(

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import uuid
@@ -23,8 +25,9 @@ from typing import Any
 import anyio
 import httpx2
 from mcp.client import Client
+from mcp.client import stdio as sdk_stdio
 from mcp.client.sse import sse_client
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
@@ -46,6 +49,87 @@ _END_REASON_WAIT = 1.0
 # A tool result of the tool server's default limit (32 MiB) fits, with room for the JSON-RPC
 # envelope; the tool server checks its own limit once the result has arrived.
 DEFAULT_MAX_MESSAGE_SIZE = 33 * 1024 * 1024
+# An HTTP server's answer must arrive whole within this many seconds (a JSON answer, or one
+# event of an event stream), however slowly it trickles.
+_ANSWER_DEADLINE = 300.0
+
+
+class _AnswerTooLarge(httpx2.StreamError, httpx2.SSEError):
+    """An HTTP answer over the size limit or past its deadline, raised while it is read.
+
+    Both a ``StreamError`` (the SDK fails that one JSON answer's request with it) and an
+    ``SSEError`` (the SDK fails the request whose event stream it was).
+    """
+
+
+class _BoundedStream(httpx2.AsyncByteStream):
+    """An HTTP answer's body, read with a size limit and a deadline while it arrives.
+
+    A JSON answer is bounded as a whole; an event stream per event (an event ends at a blank
+    line), so a stream that stays open for many events is not cut off.
+    """
+
+    def __init__(self, inner: Any, limit: int | None, events: bool) -> None:
+        self._inner = inner
+        self._limit = limit
+        self._events = events
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        size = 0
+        started: float | None = None if self._events else anyio.current_time()
+        tail = b""
+        chunks = aiter(self._inner)
+        while True:
+            if started is None:
+                chunk = await anext(chunks, None)
+            else:
+                remaining = started + _ANSWER_DEADLINE - anyio.current_time()
+                with anyio.move_on_after(remaining) as scope:
+                    chunk = await anext(chunks, None)
+                if scope.cancelled_caught:
+                    raise _AnswerTooLarge(
+                        f"the answer did not arrive whole within {_ANSWER_DEADLINE:g} s (it trickled), so it "
+                        "was abandoned"
+                    )
+            if chunk is None:
+                return
+            size += len(chunk)
+            if self._events:
+                joined = tail + chunk
+                end = max(joined.rfind(b"\n\n") + 2, joined.rfind(b"\r\r") + 2, joined.rfind(b"\r\n\r\n") + 4)
+                if end > 1:
+                    size = len(joined) - end
+                tail = joined[-3:]
+                started = (started or anyio.current_time()) if size else None
+            if self._limit is not None and size > self._limit:
+                raise _AnswerTooLarge(
+                    f"the answer is over the byte limit of {self._limit} bytes per message (the tool server's "
+                    "max_result_size plus 1 MiB), so it was not read further"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _bounded_client(
+    limit: int | None,
+    headers: Mapping[str, str] | None = None,
+    timeout: httpx2.Timeout | None = None,
+    auth: httpx2.Auth | None = None,
+) -> httpx2.AsyncClient:
+    """An HTTP client for MCP whose every answer is read through `_BoundedStream`."""
+
+    async def bound(response: httpx2.Response) -> None:
+        events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
+        response.stream = _BoundedStream(response.stream, limit, events)
+
+    return httpx2.AsyncClient(
+        headers=dict(headers or {}),
+        timeout=timeout or httpx2.Timeout(_HTTP_TIMEOUT, read=_HTTP_READ_TIMEOUT),
+        auth=auth,
+        event_hooks={"response": [bound]},
+    )
 
 
 class _EofWatchingStream:
@@ -99,8 +183,9 @@ class MCPSession:
         server_name: The application's name for the server (used in messages).
         params: The resolved server parameters.
         connect_timeout: Seconds the server has to start and complete the MCP handshake.
-        max_message_size: Bytes one message from a streamable HTTP server may have when it
-            comes as a server-sent event (the SDK's default is 1 MiB); ``None`` for no limit.
+        max_message_size: Bytes one message from an HTTP server may have (a JSON answer, or one
+            server-sent event), enforced while it is read; ``None`` for no limit. An answer must
+            also arrive whole within 300 s, however slowly it trickles.
     """
 
     def __init__(
@@ -379,9 +464,23 @@ class MCPSession:
             server = StdioServerParameters(
                 command=params.command, args=list(params.args), env=env, cwd=params.cwd
             )
-            return stdio_client(server, errlog=sys.stderr)
+            return _bounded_stdio(server, self.max_message_size, errlog=sys.stderr)
         if params.transport == "sse":
-            return sse_client(params.url, headers=dict(params.headers), timeout=self.connect_timeout)
+            limit = self.max_message_size
+
+            def client_factory(
+                headers: dict[str, str] | None = None,
+                timeout: httpx2.Timeout | None = None,
+                auth: httpx2.Auth | None = None,
+            ) -> httpx2.AsyncClient:
+                return _bounded_client(limit, headers, timeout, auth)
+
+            return sse_client(
+                params.url,
+                headers=dict(params.headers),
+                timeout=self.connect_timeout,
+                httpx_client_factory=client_factory,
+            )
         return _streamable_http(params.url, params.headers, self.max_message_size)
 
 
@@ -404,13 +503,135 @@ class _EnteredTransport(contextlib.AbstractAsyncContextManager[Any]):
 async def _streamable_http(
     url: str, headers: Mapping[str, str], max_message_size: int | None
 ) -> AsyncIterator[Any]:
-    # The MCP SDK's own defaults: a server may hold a response stream open for minutes.
-    timeout = httpx2.Timeout(_HTTP_TIMEOUT, read=_HTTP_READ_TIMEOUT)
-    async with httpx2.AsyncClient(headers=dict(headers), timeout=timeout) as http_client:
+    # The MCP SDK's own timeouts (a server may hold a response stream open for minutes), and
+    # every answer read with the message size limit and a deadline.
+    async with _bounded_client(max_message_size, headers) as http_client:
         async with streamable_http_client(
             url, http_client=http_client, max_sse_event_size=max_message_size
         ) as streams:
             yield streams
+
+
+# The id of a JSON-RPC answer that names it before its result or error (as the SDKs write them).
+_ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d+|"[^"\\]*")')
+
+
+@contextlib.asynccontextmanager
+async def _bounded_stdio(
+    server: StdioServerParameters, max_message_size: int | None, errlog: Any = sys.stderr
+) -> AsyncIterator[Any]:
+    """The MCP SDK's stdio transport (``stdio_client``), with a size limit on each message while it is read.
+
+    Process start and stop are the SDK's own. A line over the limit is not kept: its request
+    (whose id is read from the line's start) fails with an error naming the limit, and the
+    rest of the line is skipped; the session carries on. A line without a readable id ends
+    the session (its calls fail, the next call starts the server again).
+    """
+    import mcp_types
+    from mcp.shared.message import SessionMessage
+
+    command = await sdk_stdio._get_executable_command(server.command)
+    process = await sdk_stdio._create_platform_compatible_process(
+        command=command,
+        args=server.args,
+        env=sdk_stdio.get_default_environment() | (server.env or {}),
+        errlog=errlog,
+        cwd=server.cwd,
+    )
+    read_writer, read_stream = anyio.create_memory_object_stream[Any](0)
+    write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
+    writer_done = anyio.Event()
+
+    async def deliver(line: bytes) -> None:
+        try:
+            message: Any = SessionMessage(
+                mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+            )
+        except ValueError as exc:
+            message = exc
+        await read_writer.send(message)
+
+    async def refuse(head: bytes, size: int) -> bool:
+        """Fail the request of a line over the limit; whether its id was found."""
+        error = (
+            f"the answer is over the byte limit of {max_message_size} bytes per message (the tool server's "
+            "max_result_size plus 1 MiB), so it was not read further"
+        )
+        logger.warning("An MCP server sent a message of %d bytes; refused: %s", size, error)
+        found = _ID.match(head)
+        if found is None:
+            return False
+        reply = mcp_types.JSONRPCError(
+            jsonrpc="2.0",
+            id=json.loads(found.group(1)),
+            error=mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message=error),
+        )
+        await read_writer.send(SessionMessage(reply))
+        return True
+
+    async def read() -> None:
+        assert process.stdout is not None
+        buffer = bytearray()
+        head = b""  # the start of a line being skipped (over the limit), for its request id
+        skipped = 0
+        try:
+            async with read_writer:
+                try:
+                    async for chunk in process.stdout:
+                        start = 0
+                        while (end := chunk.find(b"\n", start)) >= 0:
+                            if skipped:
+                                if not await refuse(head, skipped + end - start):
+                                    return  # no request to fail: the session ends instead
+                                head, skipped = b"", 0
+                            else:
+                                buffer += chunk[start:end]
+                                await deliver(bytes(buffer))
+                                buffer.clear()
+                            start = end + 1
+                        rest = len(chunk) - start
+                        if skipped:
+                            skipped += rest
+                        elif max_message_size is not None and len(buffer) + rest > max_message_size:
+                            head = (bytes(buffer) + chunk[start : start + 4096])[:4096]
+                            skipped = len(buffer) + rest
+                            buffer.clear()
+                        else:
+                            buffer += chunk[start:]
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
+                finally:
+                    await sdk_stdio._drain_stdout(process)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
+            pass
+
+    async def write() -> None:
+        assert process.stdin is not None
+        try:
+            async with write_reader:
+                async for session_message in write_reader:
+                    data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
+                    await process.stdin.send((data + "\n").encode())
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()
+        finally:
+            writer_done.set()
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(read)
+        tasks.start_soon(write)
+        try:
+            yield read_stream, write_stream
+        finally:
+            with anyio.CancelScope(shield=True):
+                read_stream.close()
+                write_stream.close()
+                with anyio.move_on_after(sdk_stdio._WRITER_FLUSH_TIMEOUT):
+                    await writer_done.wait()
+                await sdk_stdio._stop_server_process(process)
+                for stream in (read_stream, write_stream, read_writer, write_reader):
+                    await stream.aclose()
+            tasks.cancel_scope.cancel()
 
 
 def _find_process_group(marker: str) -> int | None:
@@ -451,10 +672,7 @@ def _text(result: CallToolResult) -> str | None:
 def _size_hint(exc: BaseException) -> str:
     if "byte limit" not in _describe(exc):
         return ""
-    return (
-        " (the result is larger than one MCP message may be on this transport: up to the tool "
-        "server's max_result_size plus 1 MiB over streamable HTTP, 1 MiB over SSE, which the MCP SDK fixes)"
-    )
+    return " (one MCP message may have up to the tool server's max_result_size plus 1 MiB)"
 
 
 def _what(tool_name: str) -> str:

@@ -27,6 +27,7 @@ import hmac
 import json
 import logging
 import socket
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from mcp.types import (
     ImageContent,
     TextContent,
     TextResourceContents,
+    Tool,
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
@@ -47,6 +49,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 from ipybox.tool_exec._mcp import MCPSession
@@ -59,9 +62,17 @@ from ipybox.tool_exec.approval.server import (
     NoApprovalClientError,
 )
 
-__all__ = ["DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
+__all__ = ["DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
 
 DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
+DEFAULT_MAX_REQUEST_SIZE = 32 * 1024 * 1024
+# What a client may hold of the server: a request head (request line and headers) of this many
+# bytes, arriving within this many seconds of the connection (or of its previous request); a
+# body within _BODY_TIMEOUT; and this many open connections at once.
+_MAX_HEAD_SIZE = 64 * 1024
+_HEAD_TIMEOUT = 10.0
+_BODY_TIMEOUT = 60.0
+_MAX_CONNECTIONS = 512
 # What an MCP message may carry besides the result itself (JSON-RPC envelope, escapes).
 _ENVELOPE_ALLOWANCE = 1024 * 1024
 
@@ -123,6 +134,73 @@ class _Uvicorn(uvicorn.Server):
         yield
 
 
+class _BoundedHttp(HttpToolsProtocol):
+    """uvicorn's httptools protocol with bounds on what one client can hold of the server.
+
+    A request head over ``_MAX_HEAD_SIZE`` bytes is refused with 400 (uvicorn's own answer to a
+    request it cannot parse), a connection whose request head has not arrived within
+    ``_HEAD_TIMEOUT`` seconds is closed, and a connection beyond ``_MAX_CONNECTIONS`` open ones
+    is closed at once: a client that connects and stalls holds neither memory nor descriptors
+    for long. Idle keep-alive connections are closed after ``timeout_keep_alive``.
+    """
+
+    _head_timer: asyncio.TimerHandle | None = None
+    _head_size = 0
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > _MAX_CONNECTIONS:
+            logger.debug("Closed a connection over the limit of %d open connections.", _MAX_CONNECTIONS)
+            transport.abort()
+            return
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_size = 0
+        self._arm_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value))
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
+        super().on_headers_complete()
+
+    def _count_head(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > _MAX_HEAD_SIZE:
+            # Raised inside the parser: uvicorn answers 400 and closes the connection.
+            raise ValueError(f"request head over {_MAX_HEAD_SIZE} bytes")
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(_HEAD_TIMEOUT, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+
+class _BodyTooLarge(Exception):
+    """A request body over the tool server's ``max_request_size``."""
+
+
 class ToolServer:
     """HTTP server that runs MCP tools for code in a kernel, with optional approval.
 
@@ -173,6 +251,9 @@ class ToolServer:
         max_result_size: Bytes one tool result may have as the JSON answer to the kernel (binary
             content counts as its base64); a larger result fails that call with an error naming
             the limit, and the tool server and the kernel carry on.
+        max_request_size: Bytes one request body (a tool call with its arguments) may have; a
+            larger call fails alone with an error naming the limit. The body is read only after
+            the token was checked, and must arrive within 60 s.
     """
 
     def __init__(
@@ -191,9 +272,15 @@ class ToolServer:
         approve_tool_calls: bool = True,
         uds: Path | str | None = None,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
+        max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
     ) -> None:
         if max_result_size <= 0:
             raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
+        if max_request_size <= 0:
+            raise ValueError(
+                f"max_request_size must be a positive number of bytes, not {max_request_size!r}."
+            )
+        self.max_request_size = max_request_size
         self.host = host
         self.uds = Path(uds) if uds is not None else None
         self.max_result_size = max_result_size
@@ -215,6 +302,8 @@ class ToolServer:
         )
         self._sessions: dict[str, tuple[MCPSession, dict[str, Any]]] = {}
         self._starting: dict[str, asyncio.Lock] = {}
+        # Each session's tools by name, listed before the first call of it that is asked about.
+        self._tools: weakref.WeakKeyDictionary[MCPSession, dict[str, Tool]] = weakref.WeakKeyDictionary()
         self._server: _Uvicorn | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._app = Starlette(
@@ -263,7 +352,7 @@ class ToolServer:
             log_level=None,
             access_log=False,
             lifespan="off",
-            http="auto",
+            http=_BoundedHttp,
             ws="websockets-sansio",
             timeout_keep_alive=300,
             timeout_graceful_shutdown=5,
@@ -347,8 +436,14 @@ class ToolServer:
     async def _approve_endpoint(self, request: Request) -> Response:
         if not self._authorized(request.headers.get("authorization", "").encode()):
             return _error_response(401, "failed", _UNAUTHORIZED)
+        raw = await self._read_body(request.headers.get("content-length"), request.receive)
+        if raw is None:
+            return Response(status_code=400)  # the client left; nobody reads this
+        if isinstance(raw, tuple):
+            status, content = raw
+            return Response(content, status_code=status, media_type="application/json")
         try:
-            body = _RunRequest.model_validate_json(await request.body())
+            body = _RunRequest.model_validate_json(raw)
         except ValidationError as exc:
             return _error_response(400, "failed", f"The approval request is malformed: {_summarise(exc)}")
         if body.server_params:
@@ -373,19 +468,21 @@ class ToolServer:
         # straight from the ASGI messages, everything else goes through Starlette.
         if scope["type"] == "http" and scope["path"] == "/run" and scope["method"] == "POST":
             authorization = b""
+            length: bytes | None = None
             for name, value in scope["headers"]:
                 if name == b"authorization":
                     authorization = value
-                    break
-            body = b""
-            more_body = True
-            while more_body:
-                message = await receive()
-                if message["type"] == "http.disconnect":
+                elif name == b"content-length":
+                    length = value
+            # The token is checked before a byte of the body is read: a client without it is
+            # answered at once and holds nothing.
+            if not self._authorized(authorization):
+                status, content = _error(401, "failed", _UNAUTHORIZED)
+            else:
+                body = await self._read_body(length, receive)
+                if body is None:
                     return
-                body += message.get("body", b"")
-                more_body = message.get("more_body", False)
-            status, content = await self._handle_run(authorization, body)
+                status, content = body if isinstance(body, tuple) else await self._handle_run(body)
             headers = [
                 (b"content-type", b"application/json"),
                 (b"content-length", str(len(content)).encode()),
@@ -395,9 +492,53 @@ class ToolServer:
         else:
             await self._app(scope, receive, send)
 
-    async def _handle_run(self, authorization: bytes, raw_body: bytes) -> tuple[int, bytes]:
-        if not self._authorized(authorization):
-            return _error(401, "failed", _UNAUTHORIZED)
+    async def _read_body(
+        self, length: bytes | str | None, receive: Receive
+    ) -> bytes | tuple[int, bytes] | None:
+        """A request's body; an error answer if it is too large or too slow; ``None`` if the client left.
+
+        A body over ``max_request_size`` is read to its end without being kept, so that an honest
+        client gets the answer rather than a connection reset while it is still sending.
+        """
+        parts: list[bytes] = []
+        size = 0
+        try:
+            if length is not None and int(length) > self.max_request_size:
+                raise _BodyTooLarge
+            async with asyncio.timeout(_BODY_TIMEOUT):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return None
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_request_size:
+                        raise _BodyTooLarge
+                    parts.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(parts)
+        except ValueError:
+            return _error(400, "failed", "The request's Content-Length is not a number.")
+        except TimeoutError:
+            return _error(408, "failed", f"The request body did not arrive within {_BODY_TIMEOUT:g} s.")
+        except _BodyTooLarge:
+            parts.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_BODY_TIMEOUT):
+                    message = {"more_body": True}
+                    while message.get("more_body", False):
+                        message = await receive()
+                        if message["type"] == "http.disconnect":
+                            return None
+            return _error(
+                413,
+                "failed",
+                f"The tool call is over the tool server's limit of {_size(self.max_request_size)} per request "
+                "(ToolServer max_request_size) and was not run; pass large data another way (write it to a "
+                "file and pass its path), or in smaller parts.",
+            )
+
+    async def _handle_run(self, raw_body: bytes) -> tuple[int, bytes]:
         try:
             body = _RunRequest.model_validate_json(raw_body)
         except ValidationError as exc:
@@ -405,9 +546,13 @@ class ToolServer:
         call = f"{body.server_name}.{body.tool_name}"
         try:
             params = self._server_params(body)
-            if self.approve_tool_calls:
+            if self.approve_tool_calls and self.approval_required:
+                # What the person is asked about must be a call the server can take as shown.
+                session = await self._session(body.server_name, params, call)
+                await self._check_call(session, body, call)
                 await self._approve(body, call)
-            session = await self._session(body.server_name, params, call)
+            else:
+                session = await self._session(body.server_name, params, call)
             result = await session.call_tool_content(body.tool_name, body.tool_args)
         except _ToolCallError as exc:
             return _error(exc.status, exc.kind, exc.message)
@@ -434,6 +579,28 @@ class ToolServer:
         if len(answer) > self.max_result_size:
             return self._too_large(call, len(answer))
         return 200, answer
+
+    async def _check_call(self, session: MCPSession, body: _RunRequest, call: str) -> None:
+        """Refuse a call of a tool the server does not list, or with arguments its schema does not declare."""
+        tools = self._tools.get(session)
+        if tools is None or body.tool_name not in tools:
+            # Listed again when a tool is not found: the server's tool list may have changed.
+            tools = {tool.name: tool for tool in await session.list_tools()}
+            self._tools[session] = tools
+        tool = tools.get(body.tool_name)
+        if tool is None:
+            names = ", ".join(repr(name) for name in sorted(tools)[:30])
+            raise _ToolCallError(
+                404,
+                "failed",
+                f"Tool call {call} failed: MCP server {body.server_name!r} has no tool {body.tool_name!r} "
+                f"(its tools: {names or 'none'}); nothing was asked or run.",
+            )
+        problem = _argument_problem(tool.input_schema, body.tool_args)
+        if problem is not None:
+            raise _ToolCallError(
+                400, "failed", f"Tool call {call} failed: {problem}; nothing was asked or run."
+            )
 
     def _too_large(self, call: str, size: int, qualifier: str = "") -> tuple[int, bytes]:
         return _error(
@@ -570,6 +737,30 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _argument_problem(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
+    """What is wrong with the arguments' names for the tool's input schema, if anything.
+
+    An argument the schema does not declare is refused unless the schema allows more
+    (``additionalProperties`` true or a schema, or ``patternProperties``); a required one must be there.
+    """
+    properties = schema.get("properties")
+    declared = properties if isinstance(properties, dict) else {}
+    extra = schema.get("additionalProperties")
+    if not (extra is True or isinstance(extra, dict) or schema.get("patternProperties")):
+        undeclared = [name for name in args if name not in declared]
+        if undeclared:
+            known = ", ".join(repr(name) for name in declared) or "none"
+            return (
+                f"the tool's input schema does not declare the argument(s) "
+                f"{', '.join(repr(name) for name in undeclared)} (it declares: {known})"
+            )
+    required = schema.get("required")
+    missing = [name for name in required if name not in args] if isinstance(required, list) else []
+    if missing:
+        return f"the tool requires the argument(s) {', '.join(repr(name) for name in missing)}"
+    return None
 
 
 def _least_size(content: list[ContentBlock]) -> int:

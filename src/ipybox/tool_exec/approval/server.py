@@ -3,7 +3,9 @@
 For every tool call the channel sends ``{"jsonrpc": "2.0", "id": N, "method": "approve",
 "params": {"server_name", "tool_name", "tool_args"}}`` to the connected approval client and
 waits for ``{"jsonrpc": "2.0", "id": N, "result": true | false}``. Each request id is decided
-at most once: answers for unknown, already decided or expired ids are ignored.
+at most once, and every decision is answered with ``{"jsonrpc": "2.0", "method": "decided",
+"params": {"id": N, "taken": true | false}}``: ``false`` for an unknown, already decided or
+expired id, whose decision changes nothing.
 """
 
 from __future__ import annotations
@@ -82,7 +84,15 @@ class ApprovalChannel:
         try:
             await websocket.accept()
             while True:
-                self._decide(await websocket.receive_text())
+                decided = self._decide(await websocket.receive_text())
+                if decided is not None:
+                    request_id, taken = decided
+                    notice = {
+                        "jsonrpc": "2.0",
+                        "method": "decided",
+                        "params": {"id": request_id, "taken": taken},
+                    }
+                    await websocket.send_text(json.dumps(notice))
         except WebSocketDisconnect:
             pass
         finally:
@@ -161,17 +171,21 @@ class ApprovalChannel:
         finally:
             self._pending.pop(request_id, None)
 
-    def _decide(self, text: str) -> None:
+    def _decide(self, text: str) -> tuple[int, bool] | None:
+        """Take a decision; the request id and whether it was taken, or ``None`` if malformed."""
         try:
             answer = _Decision.model_validate_json(text)
         except ValidationError:
             logger.warning("Ignored a malformed message from the approval client.")
-            return
+            return None
         decision = self._pending.pop(answer.id, None)
         if decision is None or decision.done():
-            logger.debug("Ignored a decision for unknown or already decided request %d.", answer.id)
-            return
+            logger.info(
+                "Ignored a decision for request %d: it expired, was withdrawn or was decided.", answer.id
+            )
+            return answer.id, False
         decision.set_result(answer.result)
+        return answer.id, True
 
     def _release(self, websocket: WebSocket) -> None:
         if self._websocket is not websocket:
