@@ -472,6 +472,15 @@ async def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
     assert not (tmp_path / "silent").exists()
 
 
+async def test_a_server_that_fails_to_start_is_reported_with_its_exit_code_and_stderr(tmp_path: Path) -> None:
+    # The README's example run by an interpreter that lacks the `mcp` package (-S: no site-packages).
+    without_mcp = {"command": sys.executable, "args": ["-S", str(TOOLS_SERVER)]}
+    with pytest.raises(MCPServerError) as info:
+        await generate_mcp_sources("nomcp", without_mcp, tmp_path)
+    assert "exited with code 1" in str(info.value)
+    assert "ModuleNotFoundError: No module named" in str(info.value)
+
+
 async def test_malformed_server_params_raise_server_params_error(tmp_path: Path) -> None:
     with pytest.raises(ServerParamsError):
         await generate_mcp_sources("x", {"command": 5}, tmp_path)
