@@ -44,6 +44,12 @@ examples:
 """
 
 
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("ipybox")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(
@@ -52,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"ipybox {_version()}")
     parser.add_argument(
         "--workspace",
         type=Path,
