@@ -377,6 +377,19 @@ def test_numeric_bounds_pydantic_cannot_take_on_an_int_are_rounded_or_left_to_th
             Params.model_validate(bad)
 
 
+def test_an_argument_object_that_admits_no_properties_refuses_every_name(import_root: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"options": {"type": "object", "additionalProperties": False}},
+        "additionalProperties": False,
+    }
+    package, _ = generate(import_root, [tool("closed", schema)])
+    Params = import_module(package, "closed").Params
+    assert Params(options={}).model_dump(mode="json", exclude_none=True) == {"options": {}}
+    with pytest.raises(ValidationError, match="extra_forbidden"):
+        Params(options={"unknown": 1})
+
+
 def test_a_tool_with_an_invalid_schema_is_skipped_and_named(
     caplog: pytest.LogCaptureFixture, import_root: Path
 ) -> None:

@@ -42,7 +42,9 @@ def load_ipython_extension(ip: Any) -> None:
     for name in _COLOUR_FORCING:
         environ.pop(name, None)
     environ.update(NO_COLOR="1", CLICOLOR="0", TERM="dumb")
-    _hide_ipybox_frames(ip)
+    _hide_marked_frames(ip)
+    _count_cell_lines()
+    _show_figures_of_file_backends(ip)
     working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
     approve_shell = environ.pop("IPYBOX_APPROVE_SHELL", "") == "1"
     require_escape = environ.pop("IPYBOX_REQUIRE_SHELL_ESCAPE", "") == "1"
@@ -76,30 +78,113 @@ def _exit_with_gateway(lock_file: str) -> None:
 _COLOUR_FORCING = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "TTY_COMPATIBLE")
 
 
-def _hide_ipybox_frames(ip: Any) -> None:
-    """Show an ipybox error (a rejected tool call, say) as the cell's line and the error.
+def _hide_marked_frames(ip: Any) -> None:
+    """Leave every frame marked ``__tracebackhide__`` out of tracebacks, the innermost one too.
 
-    IPython leaves out frames marked ``__tracebackhide__`` but always shows the innermost
-    one; for errors ipybox raises on purpose its own frames, innermost included, are only
-    tokens an agent pays for. The exception object itself (its type, message and fields) is
-    left as it is.
+    IPython leaves out marked frames but always shows the innermost one, so an error raised on
+    purpose by ipybox (a rejected tool call) or by Pydantic (a ``Params`` that does not validate,
+    raised in ``BaseModel.__init__``) came with a frame of library code, which tells an agent
+    nothing and costs it tokens. The cell's own frames are never marked, so at least the cell's
+    line stays; the exception object itself is left as it is.
     """
-    from ipybox.errors import IpyboxError
+    formatter = ip.InteractiveTB
+    structured_traceback = formatter.structured_traceback
 
-    def render(error: BaseException) -> Any:
-        kept = []
-        tb = error.__traceback__
-        while tb is not None:
-            if not tb.tb_frame.f_locals.get("__tracebackhide__"):
-                kept.append(tb)
-            tb = tb.tb_next
-        trimmed = None
-        for entry in reversed(kept):
-            trimmed = TracebackType(trimmed, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-        return ip.InteractiveTB.structured_traceback(type(error), error, trimmed)
+    def without_marked_frames(
+        etype: Any, evalue: Any = None, etb: Any = None, tb_offset: int | None = None, context: int = 5
+    ) -> Any:
+        if isinstance(etb, TracebackType):
+            etb = _trim(etb, formatter.tb_offset if tb_offset is None else tb_offset)
+        return structured_traceback(etype, evalue, etb, tb_offset, context)
 
-    # IPython's hook for exceptions that format their own traceback.
-    IpyboxError._render_traceback_ = render  # type: ignore[attr-defined]
+    formatter.structured_traceback = without_marked_frames
+
+
+# matplotlib's backends that draw to files only: plt.show() does nothing with them.
+_FILE_BACKENDS = frozenset({"agg", "cairo", "pdf", "pgf", "ps", "svg", "template"})
+
+
+def _show_figures_of_file_backends(ip: Any) -> None:
+    """Return the figures a cell left open, as PNGs, when it picked a backend that cannot show them.
+
+    The kernel's own backend (inline) shows every figure still open when a cell ends, and closes
+    it. Code often picks ``matplotlib.use("Agg")`` instead, and then its ``plt.show()`` shows
+    nothing; the agent expects its figure back whatever backend it picked, so the same is done
+    for these backends. Nothing is imported until a cell has imported pyplot.
+    """
+
+    def show_open_figures(result: object = None) -> None:
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        try:
+            backend = str(pyplot.get_backend()).lower()
+            numbers = list(pyplot.get_fignums())
+        except Exception:
+            return
+        if backend not in _FILE_BACKENDS or not numbers:
+            return
+        import io
+
+        from IPython.display import Image, display
+
+        for number in numbers:
+            png = io.BytesIO()
+            try:
+                pyplot.figure(number).savefig(png, format="png", bbox_inches="tight")
+            except Exception as exc:  # a figure that cannot be drawn must not hide the others
+                print(f"[ipybox] Figure {number} could not be drawn: {exc}")
+                continue
+            display(Image(data=png.getvalue(), format="png"))  # type: ignore[no-untyped-call]  # IPython is untyped
+        pyplot.close("all")
+
+    ip.events.register("post_run_cell", show_open_figures)
+
+
+def _count_cell_lines() -> None:
+    """Show a cell's frames from the cell's source, as IPython does outside a kernel.
+
+    ipykernel names a cell's code after a ``.py`` file that is never written; IPython then fails
+    to count that file's lines and formats the frame on its fast path, which finds a frame's
+    source with ``inspect`` and, for a comprehension, shows the lines of the ``def`` above it
+    numbered as the comprehension's. The cell's source is in ``linecache``: counted from there,
+    the frame goes through ``stack_data``, which shows the right lines.
+    """
+    import linecache
+
+    from IPython.core import ultratb
+
+    count = getattr(ultratb, "get_line_number_of_frame", None)
+    if count is None:
+        return
+
+    def count_with_cells(frame: FrameType) -> int:
+        entry = linecache.cache.get(frame.f_code.co_filename)
+        if entry is not None and len(entry) == 4 and entry[1] is None:  # IPython's cells have no mtime
+            return len(entry[2])
+        result: int = count(frame)
+        return result
+
+    # Replaced where ultratb looks it up (it imports the name from IPython.core.tbtools).
+    setattr(ultratb, "get_line_number_of_frame", count_with_cells)  # noqa: B010
+
+
+def _trim(etb: TracebackType, offset: int) -> TracebackType:
+    entries = []
+    tb: TracebackType | None = etb
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    # The first `offset` frames are IPython's own, which the formatter skips by count.
+    head, rest = entries[:offset], entries[offset:]
+    kept = [entry for entry in rest if not entry.tb_frame.f_locals.get("__tracebackhide__")]
+    if not kept or len(kept) == len(rest):
+        return etb
+    trimmed = None
+    for entry in reversed(head + kept):
+        trimmed = TracebackType(trimmed, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    assert trimmed is not None
+    return trimmed
 
 
 def _keep_working_dir(ip: Any, working_dir: str) -> None:
