@@ -18,11 +18,16 @@ the kernel's environment, which `CodeExecutor` fills:
   whole life. ipykernel's own parent check cannot work in the sandbox, where the gateway is
   out of sight.
 
-Whatever the environment, output is kept free of colour codes, which an agent pays for in
-tokens: ipykernel asks programs for colour (``FORCE_COLOR``, ``CLICOLOR_FORCE``,
-``TERM=xterm-color``); the extension asks for none (``NO_COLOR``, ``TERM=dumb``).
+Whatever the environment: the folder of the kernel's own Python goes first on ``PATH`` (with a
+``pip`` that is uv's pip interface for it when it has no pip), so that ``!python``, ``!pip`` and
+``%pip`` reach it; tracebacks leave out every frame marked ``__tracebackhide__`` and show a
+cell's own lines right; figures a cell left open under a backend that only draws to files
+(``Agg``) come back as PNGs, as the inline backend's do. And output is kept free of colour
+codes, which an agent pays for in tokens: ipykernel asks programs for colour (``FORCE_COLOR``,
+``CLICOLOR_FORCE``, ``TERM=xterm-color``); the extension asks for none (``NO_COLOR``,
+``TERM=dumb``).
 
-Without those variables the extension changes nothing. Only the standard library and
+Without those variables the extension changes nothing else. Only the standard library and
 ``ipybox``'s kernel-side client are imported, so it adds little to a kernel's start.
 """
 
@@ -45,6 +50,7 @@ def load_ipython_extension(ip: Any) -> None:
     _hide_marked_frames(ip)
     _count_cell_lines()
     _show_figures_of_file_backends(ip)
+    _own_python_first(ip)
     working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
     approve_shell = environ.pop("IPYBOX_APPROVE_SHELL", "") == "1"
     require_escape = environ.pop("IPYBOX_REQUIRE_SHELL_ESCAPE", "") == "1"
@@ -98,6 +104,84 @@ def _hide_marked_frames(ip: Any) -> None:
         return structured_traceback(etype, evalue, etb, tb_offset, context)
 
     formatter.structured_traceback = without_marked_frames
+
+
+def _own_python_first(ip: Any) -> None:
+    """Make ``!python``, ``!pip`` and ``%pip`` reach this kernel's own Python.
+
+    The kernel gets the application's ``PATH``, on which ``python`` and ``pip`` may well be
+    another interpreter's (the application's environment need not be activated): a package
+    ``!pip`` installed there cannot be imported here. The folder of the kernel's interpreter
+    goes first. An environment made by uv has no pip: then ``pip`` (``!pip``, ``%pip``) is uv's
+    pip interface aimed at this Python, or, without uv, a command that says so.
+    """
+    from importlib.machinery import PathFinder
+
+    folder = os.path.dirname(sys.executable)
+    first = [folder]
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = ""
+    installed = [entry for entry in sys.path if entry and entry != cwd]  # not a pip.py in the working dir
+    if PathFinder.find_spec("pip", installed) is None:
+        try:
+            first.append(_pip_shim())
+        except OSError:  # no writable temporary folder: `pip` stays whatever PATH finds
+            pass
+
+        def pip(line: str) -> None:
+            """Run pip for this kernel's Python (uv's pip interface: this Python has no pip)."""
+            ip.system(f"pip {line}")
+
+        ip.register_magic_function(pip, "line", "pip")
+    rest = [entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry and entry not in first]
+    os.environ["PATH"] = os.pathsep.join(first + rest)
+
+
+_PIP_SHIM = """#!{python} -I
+# pip for the kernel's Python, which has no pip of its own: uv's pip interface, aimed at it.
+import os
+import sys
+
+UV, PYTHON = {uv!r}, {python!r}
+args = sys.argv[1:]
+if UV is None:
+    sys.exit(
+        f"pip: this kernel's Python ({{PYTHON}}) has no pip, and uv was not found; install uv "
+        "(https://docs.astral.sh/uv/), or packages with the application (install_package)."
+    )
+if not args or args[0].startswith("-"):
+    os.execv(UV, [UV, "pip", *args])
+if args[0] == "uninstall":  # uv never asks
+    args = [arg for arg in args if arg not in ("-y", "--yes")]
+os.execv(UV, [UV, "pip", args[0], "--python", PYTHON, *args[1:]])
+"""
+
+
+def _pip_shim() -> str:
+    """A private folder with ``pip`` and ``pip3`` for this kernel's Python; removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    home = os.path.expanduser("~")
+    candidates = [
+        shutil.which("uv"),
+        os.path.join(os.path.dirname(sys.executable), "uv"),
+        os.path.join(home, ".local", "bin", "uv"),
+        os.path.join(home, ".cargo", "bin", "uv"),
+    ]
+    uv = next((c for c in candidates if c and os.path.isfile(c) and os.access(c, os.X_OK)), None)
+    folder = tempfile.mkdtemp(prefix="ipybox-pip-")
+    atexit.register(shutil.rmtree, folder, True)
+    script = _PIP_SHIM.format(python=sys.executable, uv=uv)
+    for name in ("pip", "pip3"):
+        path = os.path.join(folder, name)
+        with open(path, "w") as file:
+            file.write(script)
+        os.chmod(path, 0o755)
+    return folder
 
 
 # matplotlib's backends that draw to files only: plt.show() does nothing with them.

@@ -34,6 +34,7 @@ _EPILOG = """\
 environment:
   KERNEL_ENV_NAME=value   reaches the kernel as NAME=value (also read from WORKSPACE/.env);
                           no other variable of the server's environment does, except HOME
+                          and PATH (the folder of the kernel's own Python first)
   ${VAR} in server_params of register_mcp_server is filled from the server's environment
                           or WORKSPACE/.env, never shown to the kernel
   IPYBOX_MCP_TOKEN        bearer token for --transport streamable-http
