@@ -179,7 +179,7 @@ async def test_a_crash_fails_the_call_in_flight_clearly_and_ends_the_session(
         with pytest.raises(MCPServerError) as info:
             await session.call_tool("crash", {})
         assert "went away" in str(info.value)
-        assert "started again on the next call" in str(info.value)
+        assert "started again on the next call. It exited with code 3" in str(info.value)
         with pytest.raises(MCPServerError, match="went away"):
             await slow
         assert not session.alive

@@ -263,6 +263,13 @@ class MCPSession:
                 # over the transport's size limit); wait briefly so the error can say it.
                 await asyncio.wait({self._owner}, timeout=_END_REASON_WAIT)
                 error = self._translate(exc, tool_name)
+                if self._end_error is None and self._stderr is not None and self._owner.done():
+                    # It crashed or exited: how, and what it said last, tells the user why.
+                    ending = await self._stderr.describe(exited=True)
+                    if ending:
+                        error = MCPServerError(
+                            f"{error} {ending[0].upper()}{ending[1:]}", self.server_name, tool_name
+                        )
             raise error from exc
         if result.is_error:
             message = _text(result) or "the tool reported an error without a message"
