@@ -161,6 +161,30 @@ async def test_a_traceback_inside_a_comprehension_shows_the_comprehensions_lines
     assert "----> 5     inverse(i)" in comprehension, info.value.traceback
 
 
+async def test_a_server_that_fails_to_start_tells_the_kernel_why_without_its_secrets(
+    executor: CodeExecutor, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Registered while it works; later it fails at start, printing its ${VAR}-filled key to stderr.
+    monkeypatch.setenv("IPYBOX_TEST_FLAKY_KEY", "sk-flaky-secret-value")
+    flag = workdir / "flaky-works"
+    flag.touch()
+    script = (
+        "import os, sys\n"
+        f"if os.path.exists({str(flag)!r}):\n"
+        f"    os.execv(sys.executable, [sys.executable, {str(DEMO_SERVER)!r}])\n"
+        "print('refused key', os.environ['KEY'], file=sys.stderr)\n"
+        "sys.exit(2)\n"
+    )
+    params = {"command": sys.executable, "args": ["-c", script], "env": {"KEY": "${IPYBOX_TEST_FLAKY_KEY}"}}
+    await generate_mcp_sources("flaky", params, workdir / "mcptools")
+    flag.unlink()
+    with pytest.raises(CodeExecutionError) as info:
+        await executor.execute("from mcptools.flaky import echo\necho.run(echo.Params(text='x'))")
+    assert info.value.ename == "ToolRunnerError"
+    assert "exited with code 2" in info.value.evalue and "refused key ***" in info.value.evalue
+    assert "sk-flaky-secret-value" not in str(info.value) + info.value.traceback
+
+
 async def test_kernel_env_with_a_value_that_is_not_a_string_is_refused_at_once() -> None:
     with pytest.raises(ValueError, match=r"kernel_env\['DEBUG'\] is 1 \(int\).*\{'DEBUG': '1'\}"):
         CodeExecutor(kernel_env={"DEBUG": 1})  # type: ignore[dict-item]

@@ -260,6 +260,24 @@ async def test_a_server_that_exits_at_start_is_reported_with_its_exit_code_and_l
     assert "noise 39" in message and "noise 0\n" not in message
 
 
+async def test_the_stderr_lines_of_a_failed_start_never_show_a_placeholders_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The error reaches the kernel (ToolRunnerError) and the agent; a ${VAR}'s value must not (S3).
+    monkeypatch.setenv("IPYBOX_TEST_API_KEY", "sk-very-secret-value")
+    leaking = "import os, sys; print('bad key', os.environ['KEY'], sys.argv[1], file=sys.stderr); sys.exit(2)"
+    params = {
+        "command": sys.executable,
+        "args": ["-c", leaking, "--key=${IPYBOX_TEST_API_KEY}"],
+        "env": {"KEY": "${IPYBOX_TEST_API_KEY}"},
+    }
+    session = MCPSession("leaky", resolve_params(params))
+    with pytest.raises(MCPServerError) as info:
+        await session.start()
+    assert "sk-very-secret-value" not in str(info.value)
+    assert "bad key *** --key=***" in str(info.value)
+
+
 async def test_a_server_killed_by_a_signal_at_start_says_so() -> None:
     dying = (
         "import os, signal, sys; print('about to die', file=sys.stderr, flush=True); os.kill(os.getpid(), 9)"

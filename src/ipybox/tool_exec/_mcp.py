@@ -454,7 +454,7 @@ class MCPSession:
             env = {**server_environment(), **(params.env or {}), _SESSION_MARKER_ENV: self._marker}
             command = resolve_command(params.command, env.get("PATH", os.environ.get("PATH", os.defpath)))
             server = StdioServerParameters(command=command, args=list(params.args), env=env, cwd=params.cwd)
-            self._stderr = _ServerStderr()
+            self._stderr = _ServerStderr(params.secrets)
             return _stdio_transport(server, self._stderr)
         if params.transport == "sse":
             return sse_client(params.url, headers=dict(params.headers), timeout=self.connect_timeout)
@@ -518,7 +518,8 @@ class _ServerStderr:
     a server writing much stderr waits on our stderr as before, never on the event loop.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, secrets: tuple[str, ...] = ()) -> None:
+        self._secrets = secrets
         read_fd, write_fd = os.pipe()
         # Handed to the SDK as ``errlog``; closed once the server has been started.
         self.writer = os.fdopen(write_fd, "w")
@@ -542,9 +543,16 @@ class _ServerStderr:
                         os.write(target, chunk)
                 *lines, partial = (partial + chunk).split(b"\n")
                 partial = partial[-_STDERR_LINE_CHARS * 4 :]
-                self._tail.extend(_clip(line) for line in lines if line.strip())
+                self._tail.extend(self._clip(line) for line in lines if line.strip())
         if partial.strip():
-            self._tail.append(_clip(partial))
+            self._tail.append(self._clip(partial))
+
+    def _clip(self, line: bytes) -> str:
+        text = line.decode(errors="replace").rstrip()
+        # The message may reach the kernel: values of ${VAR} placeholders never do (S3).
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text if len(text) <= _STDERR_LINE_CHARS else text[:_STDERR_LINE_CHARS] + " ..."
 
     async def describe(self, exited: bool) -> str:
         """Say how the server ended (when ``exited``) and what it last wrote to stderr."""
@@ -559,11 +567,6 @@ class _ServerStderr:
         elif exited and code is not None:
             parts.append("it wrote nothing to stderr")
         return "; ".join(parts)
-
-
-def _clip(line: bytes) -> str:
-    text = line.decode(errors="replace").rstrip()
-    return text if len(text) <= _STDERR_LINE_CHARS else text[:_STDERR_LINE_CHARS] + " ..."
 
 
 # The stdio server process of each live start, by the marker in its environment: the MCP SDK's
