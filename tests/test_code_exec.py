@@ -124,6 +124,74 @@ async def test_a_rejected_call_shows_the_agents_line_and_the_error_not_ipyboxs_f
     )
 
 
+async def test_params_that_do_not_validate_show_the_agents_line_and_the_error_not_pydantics_frames(
+    executor: CodeExecutor,
+) -> None:
+    with pytest.raises(CodeExecutionError) as info:
+        await executor.execute("from mcptools.demo import add\nadd.Params(a='x', b=2)")
+    traceback = info.value.traceback
+    assert "add.Params(a='x', b=2)" in traceback and "int_parsing" in traceback
+    assert "pydantic" not in traceback.split("ValidationError:")[0], traceback
+    assert info.value.ename == "ValidationError"
+
+
+async def test_run_takes_a_dict_of_the_params_fields_and_refuses_unknown_ones(executor: CodeExecutor) -> None:
+    result = await executor.execute("from mcptools.demo import add\nprint(add.run({'a': 1, 'b': 2}))")
+    assert result.text == "sum=3"
+    with pytest.raises(CodeExecutionError) as info:
+        await executor.execute("add.run({'a': 1, 'b': 2, 'c': 3})")
+    assert info.value.ename == "ValidationError" and "extra_forbidden" in info.value.traceback
+    assert "pydantic" not in info.value.traceback.split("ValidationError:")[0], info.value.traceback
+    with pytest.raises(CodeExecutionError) as info:
+        await executor.execute("await add.arun([1, 2])")
+    assert info.value.ename == "TypeError"
+    assert info.value.evalue == (
+        "arun() takes a mcptools.demo.add.Params, or a dict of its fields, not list: call it as arun(Params(...))."
+    )
+
+
+async def test_a_traceback_inside_a_comprehension_shows_the_comprehensions_lines(
+    executor: CodeExecutor,
+) -> None:
+    code = "def inverse(x):\n    return 1 / x\n\nvalues = [\n    inverse(i)\n    for i in [1, 0]\n]"
+    with pytest.raises(CodeExecutionError) as info:
+        await executor.execute(code)
+    frames = info.value.traceback.split("\n\n")
+    (comprehension,) = [frame for frame in frames if "<listcomp>" in frame or "<genexpr>" in frame]
+    assert "----> 5     inverse(i)" in comprehension, info.value.traceback
+
+
+async def test_a_server_that_fails_to_start_tells_the_kernel_why_without_its_secrets(
+    executor: CodeExecutor, workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Registered while it works; later it fails at start, printing its ${VAR}-filled key to stderr.
+    monkeypatch.setenv("IPYBOX_TEST_FLAKY_KEY", "sk-flaky-secret-value")
+    flag = workdir / "flaky-works"
+    flag.touch()
+    script = (
+        "import os, sys\n"
+        f"if os.path.exists({str(flag)!r}):\n"
+        f"    os.execv(sys.executable, [sys.executable, {str(DEMO_SERVER)!r}])\n"
+        "print('refused key', os.environ['KEY'], file=sys.stderr)\n"
+        "sys.exit(2)\n"
+    )
+    params = {"command": sys.executable, "args": ["-c", script], "env": {"KEY": "${IPYBOX_TEST_FLAKY_KEY}"}}
+    await generate_mcp_sources("flaky", params, workdir / "mcptools")
+    flag.unlink()
+    with pytest.raises(CodeExecutionError) as info:
+        await executor.execute("from mcptools.flaky import echo\necho.run(echo.Params(text='x'))")
+    assert info.value.ename == "ToolRunnerError"
+    assert "exited with code 2" in info.value.evalue and "refused key ***" in info.value.evalue
+    assert "sk-flaky-secret-value" not in str(info.value) + info.value.traceback
+
+
+async def test_kernel_env_with_a_value_that_is_not_a_string_is_refused_at_once() -> None:
+    with pytest.raises(ValueError, match=r"kernel_env\['DEBUG'\] is 1 \(int\).*\{'DEBUG': '1'\}"):
+        CodeExecutor(kernel_env={"DEBUG": 1})  # type: ignore[dict-item]
+    with pytest.raises(ValueError, match="kernel_env has the name 'A=B'"):
+        CodeExecutor(kernel_env={"A=B": "x"})
+
+
 async def test_a_rejected_call_can_be_caught_by_the_code(executor: CodeExecutor) -> None:
     code = """
 from mcptools.demo import echo
@@ -157,6 +225,23 @@ async def test_plots_come_back_as_png_files(executor: CodeExecutor, workdir: Pat
     assert len(result.images) == 1
     assert result.images[0].parent == workdir / "images"
     assert result.images[0].read_bytes().startswith(b"\x89PNG")
+
+
+async def test_a_figure_shown_under_a_backend_that_only_draws_to_files_comes_back(
+    executor: CodeExecutor,
+) -> None:
+    code = (
+        "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3], [1, 4, 9])\nplt.show()\nprint('shown')"
+    )
+    try:
+        result = await executor.execute(code)
+        assert result.text == "shown"
+        assert len(result.images) == 1 and result.images[0].read_bytes().startswith(b"\x89PNG")
+        after = await executor.execute("print(len(plt.get_fignums()))")
+        assert (after.text, after.images) == ("0", [])
+    finally:
+        await executor.execute("matplotlib.use('module://matplotlib_inline.backend_inline')")
 
 
 async def test_kernel_env_reaches_the_kernel(executor: CodeExecutor) -> None:

@@ -7,7 +7,7 @@ import contextlib
 import secrets
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,8 +89,8 @@ class CodeExecutor:
         tool_server_port: Port of the tool server; ``None`` picks a free one.
         kernel_gateway_host: Host the kernel gateway binds to.
         kernel_gateway_port: Port of the kernel gateway; ``None`` picks a free one.
-        kernel_env: Environment variables for the kernel. The kernel does not inherit the
-            application's environment.
+        kernel_env: Environment variables for the kernel, names and values strings. The kernel
+            does not inherit the application's environment.
         images_dir: Folder for PNG images the code displays; default ``./images``.
         approval_timeout: Seconds to wait for each approval decision.
         connect_timeout: Seconds to wait for an MCP server to start.
@@ -159,7 +159,7 @@ class CodeExecutor:
         self.tool_server_port = tool_server_port
         self.kernel_gateway_host = kernel_gateway_host
         self.kernel_gateway_port = kernel_gateway_port
-        self.kernel_env = dict(kernel_env or {})
+        self.kernel_env = _checked_env(kernel_env)
         self.images_dir = images_dir
         self.approval_timeout = approval_timeout
         self.connect_timeout = connect_timeout
@@ -503,3 +503,23 @@ class CodeExecutor:
         if self._kernel is None or self._tool_server is None:
             raise RuntimeError("The code executor is not started; call start() or use 'async with'.")
         return self._kernel, self._tool_server
+
+
+def _checked_env(kernel_env: Mapping[str, str] | None) -> dict[str, str]:
+    """`kernel_env` as a dict, refused here with its offending entry rather than later by subprocess."""
+    if kernel_env is None:
+        return {}
+    if not isinstance(kernel_env, Mapping):
+        raise ValueError(f"kernel_env must be a dict of strings to strings, not {type(kernel_env).__name__}.")
+    for name, value in kernel_env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ValueError(
+                f"kernel_env has the name {name!r}: names of environment variables are non-empty strings "
+                "without '=' or NUL."
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(
+                f"kernel_env[{name!r}] is {value!r} ({type(value).__name__}); values of environment variables "
+                f"are strings without NUL: pass str(value), e.g. {{{name!r}: {str(value)!r}}}."
+            )
+    return dict(kernel_env)

@@ -6,7 +6,14 @@ every ipybox kernel, and `CodeExecutor` switches its parts on through the kernel
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import hashlib
+import os
+import shutil
 import sys
+import uuid
+import zipfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -261,3 +268,55 @@ async def test_colour_forcing_variables_do_not_reach_the_kernel(guarded: CodeExe
         "import os\nprint(os.environ.get('FORCE_COLOR'), os.environ.get('NO_COLOR'), os.environ.get('KEPT'))"
     )
     assert (await guarded.execute(code)).text == "None 1 yes"
+
+
+def _wheel(folder: Path, name: str) -> Path:
+    """A minimal wheel of one module, `name`, with ``VALUE = 42``: installing it needs no network."""
+    files = {
+        f"{name}/__init__.py": b"VALUE = 42\n",
+        f"{name}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n".encode(),
+        f"{name}-0.1.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}"
+        for path, data in files.items()
+    ]
+    files[f"{name}-0.1.dist-info/RECORD"] = (
+        "\n".join([*record, f"{name}-0.1.dist-info/RECORD,,"]) + "\n"
+    ).encode()
+    path = folder / f"{name}-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as archive:
+        for member, data in files.items():
+            archive.writestr(member, data)
+    return path
+
+
+@pytest.mark.timeout(300)
+async def test_pip_and_python_in_a_cell_reach_the_kernels_own_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The application runs as `.venv/bin/python app.py`, its environment not activated: `python` and
+    # `pip` on its PATH belong to other interpreters.
+    venv_bin = str(Path(sys.executable).parent)
+    monkeypatch.setenv(
+        "PATH", os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    )
+    name = f"ipybox_pip_probe_{uuid.uuid4().hex[:8]}"
+    wheel = _wheel(tmp_path, name)
+    async with CodeExecutor() as ex:
+        found = await ex.execute("!python -c 'import sys; print(sys.executable)'", timeout=60)
+        assert (found.text or "").strip() == sys.executable
+        try:
+            await ex.execute(f"!pip install {wheel}", timeout=60)
+            assert (await ex.execute(f"import {name}\nprint({name}.VALUE)")).text == "42"
+            removed = await ex.execute(f"%pip uninstall -y {name}", timeout=60)
+            assert "Uninstalled 1 package" in (removed.text or "") or "Successfully uninstalled" in (
+                removed.text or ""
+            )
+        finally:
+            uv = shutil.which("uv") or str(Path.home() / ".local" / "bin" / "uv")
+            uninstall = await asyncio.create_subprocess_exec(
+                uv, "pip", "uninstall", "--python", sys.executable, name,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
+            )  # fmt: skip
+            await uninstall.wait()

@@ -377,6 +377,19 @@ def test_numeric_bounds_pydantic_cannot_take_on_an_int_are_rounded_or_left_to_th
             Params.model_validate(bad)
 
 
+def test_an_argument_object_that_admits_no_properties_refuses_every_name(import_root: Path) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"options": {"type": "object", "additionalProperties": False}},
+        "additionalProperties": False,
+    }
+    package, _ = generate(import_root, [tool("closed", schema)])
+    Params = import_module(package, "closed").Params
+    assert Params(options={}).model_dump(mode="json", exclude_none=True) == {"options": {}}
+    with pytest.raises(ValidationError, match="extra_forbidden"):
+        Params(options={"unknown": 1})
+
+
 def test_a_tool_with_an_invalid_schema_is_skipped_and_named(
     caplog: pytest.LogCaptureFixture, import_root: Path
 ) -> None:
@@ -470,6 +483,15 @@ async def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
     with pytest.raises(MCPServerError):
         await generate_mcp_sources("silent", silent, tmp_path, connect_timeout=1)
     assert not (tmp_path / "silent").exists()
+
+
+async def test_a_server_that_fails_to_start_is_reported_with_its_exit_code_and_stderr(tmp_path: Path) -> None:
+    # The README's example run by an interpreter that lacks the `mcp` package (-S: no site-packages).
+    without_mcp = {"command": sys.executable, "args": ["-S", str(TOOLS_SERVER)]}
+    with pytest.raises(MCPServerError) as info:
+        await generate_mcp_sources("nomcp", without_mcp, tmp_path)
+    assert "exited with code 1" in str(info.value)
+    assert "ModuleNotFoundError: No module named" in str(info.value)
 
 
 async def test_malformed_server_params_raise_server_params_error(tmp_path: Path) -> None:

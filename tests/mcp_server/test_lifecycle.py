@@ -169,3 +169,12 @@ def test_bad_options_get_a_clear_error(workspace: Path) -> None:
     script = Path(sys.executable).parent / "ipybox"
     console = subprocess.run([str(script), "--help"], capture_output=True, timeout=_TIMEOUT)
     assert console.returncode == 0 and console.stdout == help_text.stdout
+
+
+def test_version_prints_the_installed_version() -> None:
+    from importlib.metadata import version
+
+    script = Path(sys.executable).parent / "ipybox"
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=_TIMEOUT)
+    assert result.returncode == 0
+    assert result.stdout == f"ipybox {version('ipybox')}\n"

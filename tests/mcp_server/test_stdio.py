@@ -280,6 +280,18 @@ async def test_registering_with_bad_params_is_a_clear_tool_error(client: Client)
     assert result.is_error and "UNSET_X" in text_of(result)
 
 
+async def test_registering_a_server_that_fails_to_start_shows_its_exit_code_and_stderr(
+    client: Client,
+) -> None:
+    without_mcp = {"command": sys.executable, "args": ["-S", str(DEMO_SERVER)]}
+    result = await client.call_tool(
+        "register_mcp_server", {"server_name": "nomcp", "server_params": without_mcp}
+    )
+    assert result.is_error
+    assert "exited with code 1" in text_of(result)
+    assert "ModuleNotFoundError: No module named" in text_of(result)
+
+
 @pytest.mark.timeout(300)
 async def test_install_makes_a_package_importable_and_reset_keeps_it(client: Client, workspace: Path) -> None:
     bad = await client.call_tool("install_package", {"package_name": "--index-url http://evil"})

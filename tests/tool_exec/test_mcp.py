@@ -179,7 +179,7 @@ async def test_a_crash_fails_the_call_in_flight_clearly_and_ends_the_session(
         with pytest.raises(MCPServerError) as info:
             await session.call_tool("crash", {})
         assert "went away" in str(info.value)
-        assert "started again on the next call" in str(info.value)
+        assert "started again on the next call. It exited with code 3" in str(info.value)
         with pytest.raises(MCPServerError, match="went away"):
             await slow
         assert not session.alive
@@ -239,6 +239,115 @@ async def test_a_server_that_cannot_start_is_reported_with_its_name() -> None:
     session = MCPSession("nowhere", resolve_params({"command": "/nonexistent/mcp-server"}))
     with pytest.raises(MCPServerError, match="'nowhere' could not be started"):
         await session.start()
+
+
+async def test_a_server_that_exits_at_start_is_reported_with_its_exit_code_and_last_stderr_lines() -> None:
+    # As a server run by an interpreter without the `mcp` package fails: a traceback, then exit 1.
+    failing = (
+        "import sys\n"
+        "for i in range(40): print(f'noise {i}', file=sys.stderr)\n"
+        "print('ModuleNotFoundError: No module named mcp', file=sys.stderr)\n"
+        "sys.exit(3)\n"
+    )
+    session = MCPSession("broken", resolve_params({"command": sys.executable, "args": ["-c", failing]}))
+    with pytest.raises(MCPServerError) as info:
+        await session.start()
+    message = str(info.value)
+    assert "'broken' could not be started" in message
+    assert "exited with code 3" in message
+    assert message.endswith("  ModuleNotFoundError: No module named mcp")
+    # Only the last lines are kept.
+    assert "noise 39" in message and "noise 0\n" not in message
+
+
+async def test_the_stderr_lines_of_a_failed_start_never_show_a_placeholders_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The error reaches the kernel (ToolRunnerError) and the agent; a ${VAR}'s value must not (S3).
+    monkeypatch.setenv("IPYBOX_TEST_API_KEY", "sk-very-secret-value")
+    leaking = "import os, sys; print('bad key', os.environ['KEY'], sys.argv[1], file=sys.stderr); sys.exit(2)"
+    params = {
+        "command": sys.executable,
+        "args": ["-c", leaking, "--key=${IPYBOX_TEST_API_KEY}"],
+        "env": {"KEY": "${IPYBOX_TEST_API_KEY}"},
+    }
+    session = MCPSession("leaky", resolve_params(params))
+    with pytest.raises(MCPServerError) as info:
+        await session.start()
+    assert "sk-very-secret-value" not in str(info.value)
+    assert "bad key *** --key=***" in str(info.value)
+
+
+async def test_a_server_killed_by_a_signal_at_start_says_so() -> None:
+    dying = (
+        "import os, signal, sys; print('about to die', file=sys.stderr, flush=True); os.kill(os.getpid(), 9)"
+    )
+    session = MCPSession("killed", resolve_params({"command": sys.executable, "args": ["-c", dying]}))
+    with pytest.raises(MCPServerError, match=r"ended by signal 9; its last lines on stderr:\n  about to die"):
+        await session.start()
+
+
+async def test_a_command_not_on_path_is_an_error_naming_the_folders_searched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", "/nonexistent-bin")
+    session = MCPSession("nowhere", resolve_params({"command": "no-such-mcp-server"}))
+    with pytest.raises(MCPServerError) as info:
+        await session.start()
+    message = str(info.value)
+    assert "the command 'no-such-mcp-server' was not found" in message
+    assert f"/nonexistent-bin, {tmp_path}/.local/bin, {tmp_path}/.cargo/bin" in message
+    assert "give its full path as 'command', or add its folder to PATH" in message
+
+
+async def test_a_command_in_the_users_local_bin_is_found_without_it_on_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # scripts/setup.sh installs uv and uvx into ~/.local/bin, which an application's PATH often lacks.
+    local_bin = tmp_path / ".local" / "bin"
+    local_bin.mkdir(parents=True)
+    server = local_bin / "demo-mcp-server"
+    server.write_text(f"#!/bin/sh\nexec {sys.executable} {DEMO_SERVER}\n")
+    server.chmod(0o755)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    tools = await list_tools("local", {"command": "demo-mcp-server"})
+    assert "echo" in {tool.name for tool in tools}
+
+
+async def test_a_server_gets_what_it_needs_to_reach_the_network_and_no_secrets(
+    demo_params: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    passed = {
+        "SSL_CERT_FILE": str(tmp_path / "ca.pem"),
+        "SSL_CERT_DIR": str(tmp_path),
+        "REQUESTS_CA_BUNDLE": str(tmp_path / "ca.pem"),
+        "NODE_EXTRA_CA_CERTS": str(tmp_path / "ca.pem"),
+        "HTTPS_PROXY": "http://proxy.example:3128",
+        "https_proxy": "http://proxy.example:3128",
+        "HTTP_PROXY": "http://proxy.example:3128",
+        "no_proxy": "localhost,127.0.0.1",
+        "UV_INDEX_URL": "https://mirror.example/simple",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TZ": "Europe/Berlin",
+        "TMPDIR": str(tmp_path),
+    }
+    withheld = {"OPENAI_API_KEY": "sk-secret", "AWS_SECRET_ACCESS_KEY": "aws-secret", "GITHUB_TOKEN": "ghp-x"}
+    for name, value in {**passed, **withheld}.items():
+        monkeypatch.setenv(name, value)
+    params = {**demo_params, "env": {"NAMED": "${GITHUB_TOKEN}"}}
+    session = MCPSession("demo", resolve_params(params))
+    await session.start()
+    try:
+        for name, value in passed.items():
+            assert await session.call_tool("getenv", {"name": name}) == value, name
+        for name in withheld:
+            assert await session.call_tool("getenv", {"name": name}) == "", name
+        assert await session.call_tool("getenv", {"name": "NAMED"}) == "ghp-x"
+    finally:
+        await session.close()
 
 
 # --- other transports and published servers ----------------------------------------------

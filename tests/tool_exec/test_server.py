@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer
+from tests.conftest import DEMO_SERVER
 from tests.tool_exec.tool_exec_support import descendants, pid_alive, wait_until
 
 
@@ -55,6 +56,17 @@ async def test_run_and_run_sync_return_text_and_structured_results(
     nested = await asyncio.to_thread(runner.run_sync, "directory", {"names": ["Ann"]})
     assert isinstance(nested, dict)
     assert nested["people"][0]["addresses"][0]["city"] == "Berlin"
+
+
+async def test_a_server_that_fails_to_start_fails_the_call_with_its_exit_code_and_stderr(
+    tool_server: ToolServer,
+) -> None:
+    without_mcp = {"command": sys.executable, "args": ["-S", str(DEMO_SERVER)]}
+    runner = ToolRunner("nomcp", without_mcp, port=tool_server.port)
+    with pytest.raises(ToolRunnerError) as info:
+        await runner.run("echo", {"text": "x"})
+    assert "exited with code 1" in str(info.value)
+    assert "ModuleNotFoundError: No module named" in str(info.value)
 
 
 async def test_arguments_of_common_python_types_are_sent_as_json(

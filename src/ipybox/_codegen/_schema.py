@@ -43,6 +43,7 @@ _MODULE_NAMES = frozenset(
         "int",
         "json",
         "list",
+        "_arguments",
         "arun",
         "arun_content",
         "arun_tool",
@@ -184,7 +185,9 @@ class _Compiler:
         properties = schema.get("properties")
         if properties is not None and not isinstance(properties, Mapping):
             raise SchemaError(f"{self.side}{where}/properties must be an object")
-        if properties:
+        # An argument object that admits no properties at all is a class with no fields that
+        # refuses every name, not an open dict.
+        if properties or (self.input_side and schema.get("additionalProperties") is False):
             name = self.module.class_name(self.prefix + _pascal(hint))
             self._build_class(schema, name, where)
             return name

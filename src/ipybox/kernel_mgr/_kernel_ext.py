@@ -18,11 +18,16 @@ the kernel's environment, which `CodeExecutor` fills:
   whole life. ipykernel's own parent check cannot work in the sandbox, where the gateway is
   out of sight.
 
-Whatever the environment, output is kept free of colour codes, which an agent pays for in
-tokens: ipykernel asks programs for colour (``FORCE_COLOR``, ``CLICOLOR_FORCE``,
-``TERM=xterm-color``); the extension asks for none (``NO_COLOR``, ``TERM=dumb``).
+Whatever the environment: the folder of the kernel's own Python goes first on ``PATH`` (with a
+``pip`` that is uv's pip interface for it when it has no pip), so that ``!python``, ``!pip`` and
+``%pip`` reach it; tracebacks leave out every frame marked ``__tracebackhide__`` and show a
+cell's own lines right; figures a cell left open under a backend that only draws to files
+(``Agg``) come back as PNGs, as the inline backend's do. And output is kept free of colour
+codes, which an agent pays for in tokens: ipykernel asks programs for colour (``FORCE_COLOR``,
+``CLICOLOR_FORCE``, ``TERM=xterm-color``); the extension asks for none (``NO_COLOR``,
+``TERM=dumb``).
 
-Without those variables the extension changes nothing. Only the standard library and
+Without those variables the extension changes nothing else. Only the standard library and
 ``ipybox``'s kernel-side client are imported, so it adds little to a kernel's start.
 """
 
@@ -42,7 +47,10 @@ def load_ipython_extension(ip: Any) -> None:
     for name in _COLOUR_FORCING:
         environ.pop(name, None)
     environ.update(NO_COLOR="1", CLICOLOR="0", TERM="dumb")
-    _hide_ipybox_frames(ip)
+    _hide_marked_frames(ip)
+    _count_cell_lines()
+    _show_figures_of_file_backends(ip)
+    _own_python_first(ip)
     working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
     approve_shell = environ.pop("IPYBOX_APPROVE_SHELL", "") == "1"
     require_escape = environ.pop("IPYBOX_REQUIRE_SHELL_ESCAPE", "") == "1"
@@ -76,30 +84,191 @@ def _exit_with_gateway(lock_file: str) -> None:
 _COLOUR_FORCING = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "TTY_COMPATIBLE")
 
 
-def _hide_ipybox_frames(ip: Any) -> None:
-    """Show an ipybox error (a rejected tool call, say) as the cell's line and the error.
+def _hide_marked_frames(ip: Any) -> None:
+    """Leave every frame marked ``__tracebackhide__`` out of tracebacks, the innermost one too.
 
-    IPython leaves out frames marked ``__tracebackhide__`` but always shows the innermost
-    one; for errors ipybox raises on purpose its own frames, innermost included, are only
-    tokens an agent pays for. The exception object itself (its type, message and fields) is
-    left as it is.
+    IPython leaves out marked frames but always shows the innermost one, so an error raised on
+    purpose by ipybox (a rejected tool call) or by Pydantic (a ``Params`` that does not validate,
+    raised in ``BaseModel.__init__``) came with a frame of library code, which tells an agent
+    nothing and costs it tokens. The cell's own frames are never marked, so at least the cell's
+    line stays; the exception object itself is left as it is.
     """
-    from ipybox.errors import IpyboxError
+    formatter = ip.InteractiveTB
+    structured_traceback = formatter.structured_traceback
 
-    def render(error: BaseException) -> Any:
-        kept = []
-        tb = error.__traceback__
-        while tb is not None:
-            if not tb.tb_frame.f_locals.get("__tracebackhide__"):
-                kept.append(tb)
-            tb = tb.tb_next
-        trimmed = None
-        for entry in reversed(kept):
-            trimmed = TracebackType(trimmed, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
-        return ip.InteractiveTB.structured_traceback(type(error), error, trimmed)
+    def without_marked_frames(
+        etype: Any, evalue: Any = None, etb: Any = None, tb_offset: int | None = None, context: int = 5
+    ) -> Any:
+        if isinstance(etb, TracebackType):
+            etb = _trim(etb, formatter.tb_offset if tb_offset is None else tb_offset)
+        return structured_traceback(etype, evalue, etb, tb_offset, context)
 
-    # IPython's hook for exceptions that format their own traceback.
-    IpyboxError._render_traceback_ = render  # type: ignore[attr-defined]
+    formatter.structured_traceback = without_marked_frames
+
+
+def _own_python_first(ip: Any) -> None:
+    """Make ``!python``, ``!pip`` and ``%pip`` reach this kernel's own Python.
+
+    The kernel gets the application's ``PATH``, on which ``python`` and ``pip`` may well be
+    another interpreter's (the application's environment need not be activated): a package
+    ``!pip`` installed there cannot be imported here. The folder of the kernel's interpreter
+    goes first. An environment made by uv has no pip: then ``pip`` (``!pip``, ``%pip``) is uv's
+    pip interface aimed at this Python, or, without uv, a command that says so.
+    """
+    from importlib.machinery import PathFinder
+
+    folder = os.path.dirname(sys.executable)
+    first = [folder]
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = ""
+    installed = [entry for entry in sys.path if entry and entry != cwd]  # not a pip.py in the working dir
+    if PathFinder.find_spec("pip", installed) is None:
+        try:
+            first.append(_pip_shim())
+        except OSError:  # no writable temporary folder: `pip` stays whatever PATH finds
+            pass
+
+        def pip(line: str) -> None:
+            """Run pip for this kernel's Python (uv's pip interface: this Python has no pip)."""
+            ip.system(f"pip {line}")
+
+        ip.register_magic_function(pip, "line", "pip")
+    rest = [entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry and entry not in first]
+    os.environ["PATH"] = os.pathsep.join(first + rest)
+
+
+_PIP_SHIM = """#!{python} -I
+# pip for the kernel's Python, which has no pip of its own: uv's pip interface, aimed at it.
+import os
+import sys
+
+UV, PYTHON = {uv!r}, {python!r}
+args = sys.argv[1:]
+if UV is None:
+    sys.exit(
+        f"pip: this kernel's Python ({{PYTHON}}) has no pip, and uv was not found; install uv "
+        "(https://docs.astral.sh/uv/), or packages with the application (install_package)."
+    )
+if not args or args[0].startswith("-"):
+    os.execv(UV, [UV, "pip", *args])
+if args[0] == "uninstall":  # uv never asks
+    args = [arg for arg in args if arg not in ("-y", "--yes")]
+os.execv(UV, [UV, "pip", args[0], "--python", PYTHON, *args[1:]])
+"""
+
+
+def _pip_shim() -> str:
+    """A private folder with ``pip`` and ``pip3`` for this kernel's Python; removed at exit."""
+    import atexit
+    import shutil
+    import tempfile
+
+    home = os.path.expanduser("~")
+    candidates = [
+        shutil.which("uv"),
+        os.path.join(os.path.dirname(sys.executable), "uv"),
+        os.path.join(home, ".local", "bin", "uv"),
+        os.path.join(home, ".cargo", "bin", "uv"),
+    ]
+    uv = next((c for c in candidates if c and os.path.isfile(c) and os.access(c, os.X_OK)), None)
+    folder = tempfile.mkdtemp(prefix="ipybox-pip-")
+    atexit.register(shutil.rmtree, folder, True)
+    script = _PIP_SHIM.format(python=sys.executable, uv=uv)
+    for name in ("pip", "pip3"):
+        path = os.path.join(folder, name)
+        with open(path, "w") as file:
+            file.write(script)
+        os.chmod(path, 0o755)
+    return folder
+
+
+# matplotlib's backends that draw to files only: plt.show() does nothing with them.
+_FILE_BACKENDS = frozenset({"agg", "cairo", "pdf", "pgf", "ps", "svg", "template"})
+
+
+def _show_figures_of_file_backends(ip: Any) -> None:
+    """Return the figures a cell left open, as PNGs, when it picked a backend that cannot show them.
+
+    The kernel's own backend (inline) shows every figure still open when a cell ends, and closes
+    it. Code often picks ``matplotlib.use("Agg")`` instead, and then its ``plt.show()`` shows
+    nothing; the agent expects its figure back whatever backend it picked, so the same is done
+    for these backends. Nothing is imported until a cell has imported pyplot.
+    """
+
+    def show_open_figures(result: object = None) -> None:
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if pyplot is None:
+            return
+        try:
+            backend = str(pyplot.get_backend()).lower()
+            numbers = list(pyplot.get_fignums())
+        except Exception:
+            return
+        if backend not in _FILE_BACKENDS or not numbers:
+            return
+        import io
+
+        from IPython.display import Image, display
+
+        for number in numbers:
+            png = io.BytesIO()
+            try:
+                pyplot.figure(number).savefig(png, format="png", bbox_inches="tight")
+            except Exception as exc:  # a figure that cannot be drawn must not hide the others
+                print(f"[ipybox] Figure {number} could not be drawn: {exc}")
+                continue
+            display(Image(data=png.getvalue(), format="png"))  # type: ignore[no-untyped-call]  # IPython is untyped
+        pyplot.close("all")
+
+    ip.events.register("post_run_cell", show_open_figures)
+
+
+def _count_cell_lines() -> None:
+    """Show a cell's frames from the cell's source, as IPython does outside a kernel.
+
+    ipykernel names a cell's code after a ``.py`` file that is never written; IPython then fails
+    to count that file's lines and formats the frame on its fast path, which finds a frame's
+    source with ``inspect`` and, for a comprehension, shows the lines of the ``def`` above it
+    numbered as the comprehension's. The cell's source is in ``linecache``: counted from there,
+    the frame goes through ``stack_data``, which shows the right lines.
+    """
+    import linecache
+
+    from IPython.core import ultratb
+
+    count = getattr(ultratb, "get_line_number_of_frame", None)
+    if count is None:
+        return
+
+    def count_with_cells(frame: FrameType) -> int:
+        entry = linecache.cache.get(frame.f_code.co_filename)
+        if entry is not None and len(entry) == 4 and entry[1] is None:  # IPython's cells have no mtime
+            return len(entry[2])
+        result: int = count(frame)
+        return result
+
+    # Replaced where ultratb looks it up (it imports the name from IPython.core.tbtools).
+    setattr(ultratb, "get_line_number_of_frame", count_with_cells)  # noqa: B010
+
+
+def _trim(etb: TracebackType, offset: int) -> TracebackType:
+    entries = []
+    tb: TracebackType | None = etb
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    # The first `offset` frames are IPython's own, which the formatter skips by count.
+    head, rest = entries[:offset], entries[offset:]
+    kept = [entry for entry in rest if not entry.tb_frame.f_locals.get("__tracebackhide__")]
+    if not kept or len(kept) == len(rest):
+        return etb
+    trimmed = None
+    for entry in reversed(head + kept):
+        trimmed = TracebackType(trimmed, entry.tb_frame, entry.tb_lasti, entry.tb_lineno)
+    assert trimmed is not None
+    return trimmed
 
 
 def _keep_working_dir(ip: Any, working_dir: str) -> None:

@@ -34,6 +34,7 @@ _EPILOG = """\
 environment:
   KERNEL_ENV_NAME=value   reaches the kernel as NAME=value (also read from WORKSPACE/.env);
                           no other variable of the server's environment does, except HOME
+                          and PATH (the folder of the kernel's own Python first)
   ${VAR} in server_params of register_mcp_server is filled from the server's environment
                           or WORKSPACE/.env, never shown to the kernel
   IPYBOX_MCP_TOKEN        bearer token for --transport streamable-http
@@ -44,6 +45,12 @@ examples:
 """
 
 
+def _version() -> str:
+    from importlib.metadata import version
+
+    return version("ipybox")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(
@@ -52,6 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"ipybox {_version()}")
     parser.add_argument(
         "--workspace",
         type=Path,

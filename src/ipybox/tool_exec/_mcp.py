@@ -9,16 +9,20 @@ This module is never imported inside a kernel.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
 import math
 import os
 import re
+import shutil
 import signal
 import sys
+import threading
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -46,6 +50,58 @@ _GROUP_KILL_GRACE = 2.0
 _HTTP_TIMEOUT = 30.0
 _HTTP_READ_TIMEOUT = 300.0
 _END_REASON_WAIT = 1.0
+# What a stdio server's error names of its stderr: the last lines, each cut to a length.
+_STDERR_TAIL_LINES = 20
+_STDERR_LINE_CHARS = 500
+_STDERR_EOF_WAIT = 1.0
+
+# What a stdio server gets of this process's environment, besides its own ``env`` and what the
+# MCP SDK passes (HOME, LOGNAME, PATH, SHELL, TERM, USER): what it needs to reach the network,
+# download its package and read and write text as in the user's own shell. Nothing else passes:
+# API keys and tokens reach a server only when its ``env`` names them (``"${VAR}"``).
+_PASSED_ENV = frozenset(
+    {
+        # certificates of a custom CA or a TLS-intercepting proxy
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "NODE_EXTRA_CA_CERTS",
+        "PIP_CERT",
+        "UV_NATIVE_TLS",
+        # proxies, both spellings
+        *(
+            name
+            for base in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
+            for name in (base, base.lower())
+        ),
+        # package indexes, for servers that download themselves (uvx, npx)
+        "UV_INDEX_URL",
+        "UV_DEFAULT_INDEX",
+        "UV_INDEX",
+        "UV_EXTRA_INDEX_URL",
+        "PIP_INDEX_URL",
+        "PIP_EXTRA_INDEX_URL",
+        "NPM_CONFIG_REGISTRY",
+        "npm_config_registry",
+        # where temporary files and caches go
+        "TMPDIR",
+        "XDG_CACHE_HOME",
+        "XDG_CONFIG_HOME",
+        "XDG_DATA_HOME",
+        "XDG_STATE_HOME",
+        "UV_CACHE_DIR",
+        "UV_TOOL_DIR",
+        "UV_PYTHON_INSTALL_DIR",
+        "NPM_CONFIG_CACHE",
+        "npm_config_cache",
+        # language and time
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+    }
+)
+
 # A tool result of the tool server's default limit (32 MiB) fits, with room for the JSON-RPC
 # envelope; the tool server checks its own limit once the result has arrived.
 DEFAULT_MAX_MESSAGE_SIZE = 33 * 1024 * 1024
@@ -209,6 +265,7 @@ class MCPSession:
         # Why an established connection ended, when it ended with an error.
         self._end_error: BaseException | None = None
         self._connect_scope = anyio.CancelScope()
+        self._stderr: _ServerStderr | None = None
 
     @property
     def alive(self) -> bool:
@@ -290,6 +347,13 @@ class MCPSession:
                 # over the transport's size limit); wait briefly so the error can say it.
                 await asyncio.wait({self._owner}, timeout=_END_REASON_WAIT)
                 error = self._translate(exc, tool_name)
+                if self._end_error is None and self._stderr is not None and self._owner.done():
+                    # It crashed or exited: how, and what it said last, tells the user why.
+                    ending = await self._stderr.describe(exited=True)
+                    if ending:
+                        error = MCPServerError(
+                            f"{error} {ending[0].upper()}{ending[1:]}", self.server_name, tool_name
+                        )
             raise error from exc
         if result.is_error:
             message = _text(result) or "the tool reported an error without a message"
@@ -409,14 +473,16 @@ class MCPSession:
                     ready,
                     MCPServerError(
                         f"MCP server {self.server_name!r} did not answer within {self.connect_timeout:g} s "
-                        "(connect_timeout): check its parameters, or raise connect_timeout if it starts slowly.",
+                        "(connect_timeout): check its parameters, or raise connect_timeout if it starts slowly"
+                        f"{await self._server_output(exited=False)}.",
                         self.server_name,
                     ),
                 )
         except Exception as exc:
             if not ready.done():
                 error = MCPServerError(
-                    f"MCP server {self.server_name!r} could not be started or connected to: {_describe(exc)}",
+                    f"MCP server {self.server_name!r} could not be started or connected to: {_describe(exc)}"
+                    f"{await self._server_output(exited=True)}",
                     self.server_name,
                 )
                 error.__cause__ = exc
@@ -436,12 +502,21 @@ class MCPSession:
                 ),
             )
 
+    async def _server_output(self, exited: bool) -> str:
+        """What a stdio server that failed to start said: its exit code and last lines on stderr."""
+        if self._stderr is None:
+            return ""
+        description = await self._stderr.describe(exited)
+        return f"; {description}" if description else ""
+
     async def _connect_and_serve(self, mode: str, ready: asyncio.Future[None]) -> None:
         pgid: int | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read_stream, write_stream = await stack.enter_async_context(self._transport())
-                if isinstance(self.params, StdioParams):
+                if self._stderr is not None and self._stderr.process is not None:
+                    pgid = self._stderr.process.pid  # the SDK starts it in a session of its own
+                elif isinstance(self.params, StdioParams):
                     pgid = _find_process_group(self._marker)
                 streams = _EofWatchingStream(read_stream, self._mark_broken), write_stream
                 client = await stack.enter_async_context(Client(_EnteredTransport(streams), mode=mode))
@@ -460,11 +535,11 @@ class MCPSession:
     def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
         params = self.params
         if isinstance(params, StdioParams):
-            env = {**(params.env or {}), _SESSION_MARKER_ENV: self._marker}
-            server = StdioServerParameters(
-                command=params.command, args=list(params.args), env=env, cwd=params.cwd
-            )
-            return _bounded_stdio(server, self.max_message_size, errlog=sys.stderr)
+            env = {**server_environment(), **(params.env or {}), _SESSION_MARKER_ENV: self._marker}
+            command = resolve_command(params.command, env.get("PATH", os.environ.get("PATH", os.defpath)))
+            server = StdioServerParameters(command=command, args=list(params.args), env=env, cwd=params.cwd)
+            self._stderr = _ServerStderr(params.secrets)
+            return _stdio_transport(server, self._stderr, self.max_message_size)
         if params.transport == "sse":
             limit = self.max_message_size
 
@@ -482,6 +557,125 @@ class MCPSession:
                 httpx_client_factory=client_factory,
             )
         return _streamable_http(params.url, params.headers, self.max_message_size)
+
+
+def server_environment() -> dict[str, str]:
+    """The variables of this process's environment that a stdio MCP server gets besides its own ``env``.
+
+    The MCP SDK adds ``HOME``, ``LOGNAME``, ``PATH``, ``SHELL``, ``TERM`` and ``USER``; see
+    ``_PASSED_ENV`` for the rest (certificates, proxies, package indexes, caches, locale).
+    """
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if (name in _PASSED_ENV or name.startswith("LC_")) and not value.startswith("()")
+    }
+
+
+def resolve_command(command: str, path: str) -> str:
+    """Find a stdio server's command as its process will, or in the per-user folders installers use.
+
+    A bare name is looked up in ``path`` (the ``PATH`` the server gets); when it is not there,
+    in ``$XDG_BIN_HOME``, ``~/.local/bin`` and ``~/.cargo/bin``, where ``scripts/setup.sh`` and
+    uv's and pipx's installers put commands (``uv``, ``uvx``) but where an application started
+    from a desktop or a service often has no ``PATH``. A command with a folder in it is left as is.
+
+    Raises:
+        FileNotFoundError: The command is in none of these folders; the message names them.
+    """
+    if os.sep in command or (os.altsep and os.altsep in command):
+        return command
+    if shutil.which(command, path=path) is not None:
+        return command
+    extra = [str(folder) for folder in _user_bin_folders()]
+    found = shutil.which(command, path=os.pathsep.join(extra))
+    if found is not None:
+        return found
+    searched = [entry for entry in path.split(os.pathsep) if entry] + extra
+    raise FileNotFoundError(
+        f"the command {command!r} was not found; searched {', '.join(searched) or '(an empty PATH)'}. "
+        "Install it, give its full path as 'command', or add its folder to PATH "
+        "(in the environment of the process that starts the server, or in the server's 'env')"
+    )
+
+
+def _user_bin_folders() -> list[Path]:
+    folders = []
+    if os.environ.get("XDG_BIN_HOME"):
+        folders.append(Path(os.environ["XDG_BIN_HOME"]))
+    home = Path.home()
+    folders += [home / ".local" / "bin", home / ".cargo" / "bin"]
+    return folders
+
+
+class _ServerStderr:
+    """The stderr of a stdio server: passed on to this process's stderr, its last lines kept.
+
+    The MCP SDK reports a server that exits during start-up only as a closed connection; the
+    lines kept here (and its exit code) are what tells the user why. A thread pumps the pipe, so
+    a server writing much stderr waits on our stderr as before, never on the event loop.
+    """
+
+    def __init__(self, secrets: tuple[str, ...] = ()) -> None:
+        self._secrets = secrets
+        read_fd, write_fd = os.pipe()
+        # Handed to the SDK as ``errlog``; closed once the server has been started.
+        self.writer = os.fdopen(write_fd, "w")
+        self.process: Any = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
+        self._thread = threading.Thread(
+            target=self._pump, args=(read_fd,), name="mcp-server-stderr", daemon=True
+        )
+        self._thread.start()
+
+    def _pump(self, read_fd: int) -> None:
+        try:
+            target: int | None = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):
+            target = None
+        partial = b""
+        with open(read_fd, "rb", buffering=0) as pipe:
+            while chunk := pipe.read(65536):
+                if target is not None:
+                    with contextlib.suppress(OSError):
+                        os.write(target, chunk)
+                *lines, partial = (partial + chunk).split(b"\n")
+                partial = partial[-_STDERR_LINE_CHARS * 4 :]
+                self._tail.extend(self._clip(line) for line in lines if line.strip())
+        if partial.strip():
+            self._tail.append(self._clip(partial))
+
+    def _clip(self, line: bytes) -> str:
+        text = line.decode(errors="replace").rstrip()
+        # The message may reach the kernel: values of ${VAR} placeholders never do (S3).
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text if len(text) <= _STDERR_LINE_CHARS else text[:_STDERR_LINE_CHARS] + " ..."
+
+    async def describe(self, exited: bool) -> str:
+        """Say how the server ended (when ``exited``) and what it last wrote to stderr."""
+        await asyncio.to_thread(self._thread.join, _STDERR_EOF_WAIT)
+        parts = []
+        code = getattr(self.process, "returncode", None)
+        if exited and code is not None:
+            parts.append(f"it exited with code {code}" if code >= 0 else f"it was ended by signal {-code}")
+        if self._tail:
+            lines = "\n".join(f"  {line}" for line in self._tail)
+            parts.append(f"its last lines on stderr:\n{lines}")
+        elif exited and code is not None:
+            parts.append("it wrote nothing to stderr")
+        return "; ".join(parts)
+
+
+@contextlib.asynccontextmanager
+async def _stdio_transport(
+    server: StdioServerParameters, stderr: _ServerStderr, max_message_size: int | None
+) -> AsyncIterator[Any]:
+    try:
+        async with _bounded_stdio(server, max_message_size, stderr) as streams:
+            yield streams
+    finally:
+        stderr.writer.close()
 
 
 class _EnteredTransport(contextlib.AbstractAsyncContextManager[Any]):
@@ -518,7 +712,7 @@ _ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d+
 
 @contextlib.asynccontextmanager
 async def _bounded_stdio(
-    server: StdioServerParameters, max_message_size: int | None, errlog: Any = sys.stderr
+    server: StdioServerParameters, max_message_size: int | None, stderr: _ServerStderr
 ) -> AsyncIterator[Any]:
     """The MCP SDK's stdio transport (``stdio_client``), with a size limit on each message while it is read.
 
@@ -535,9 +729,12 @@ async def _bounded_stdio(
         command=command,
         args=server.args,
         env=sdk_stdio.get_default_environment() | (server.env or {}),
-        errlog=errlog,
+        errlog=stderr.writer,
         cwd=server.cwd,
     )
+    # The server holds the pipe's write end now; ours must go, or its end is never seen.
+    stderr.process = process
+    stderr.writer.close()
     read_writer, read_stream = anyio.create_memory_object_stream[Any](0)
     write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
     writer_done = anyio.Event()

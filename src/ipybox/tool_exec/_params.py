@@ -6,10 +6,11 @@ server and the code generator hand either to :class:`ipybox.tool_exec._mcp.MCPSe
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -39,12 +40,14 @@ class StdioParams:
         args: Its command-line arguments.
         env: Extra environment variables for the server process, or ``None``.
         cwd: The working directory of the server process, or ``None`` for the current one.
+        secrets: The values ``${VAR}`` placeholders were replaced with, kept out of messages.
     """
 
     command: str
     args: tuple[str, ...] = ()
     env: dict[str, str] | None = None
     cwd: str | None = None
+    secrets: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,13 @@ class HttpParams:
         url: The server's endpoint URL.
         headers: HTTP headers sent with every request (e.g. ``Authorization``).
         transport: ``"streamable_http"`` or ``"sse"``.
+        secrets: The values ``${VAR}`` placeholders were replaced with, kept out of messages.
     """
 
     url: str
     headers: dict[str, str]
     transport: Literal["streamable_http", "sse"]
+    secrets: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
 
 def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams:
@@ -86,7 +91,8 @@ def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams
             f"MCP server parameters must be a mapping such as {{'command': ..., 'args': [...]}} or "
             f"{{'url': ...}}, not {type(server_params).__name__}."
         )
-    params = _substitute(dict(server_params), _Environment())
+    environment = _Environment()
+    params = _substitute(dict(server_params), environment)
     has_command, has_url = "command" in params, "url" in params
     if has_command == has_url:
         raise ServerParamsError(
@@ -94,9 +100,8 @@ def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams
             f"optional 'args', 'env', 'cwd') or 'url' (an HTTP server, with optional 'headers', 'type'); got keys "
             f"{sorted(params)}."
         )
-    if has_command:
-        return _stdio_params(params)
-    return _http_params(params)
+    resolved = _stdio_params(params) if has_command else _http_params(params)
+    return dataclasses.replace(resolved, secrets=tuple(sorted(environment.used, key=len, reverse=True)))
 
 
 def _stdio_params(params: dict[str, Any]) -> StdioParams:
@@ -158,17 +163,21 @@ class _Environment:
 
     def __init__(self) -> None:
         self._dotenv: dict[str, str | None] | None = None
+        # Every value looked up: what an error message about the server must not show.
+        self.used: set[str] = set()
 
     def get(self, name: str) -> str | None:
         value = os.environ.get(name)
-        if value is not None:
-            return value
-        if self._dotenv is None:
-            from dotenv import dotenv_values
+        if value is None:
+            if self._dotenv is None:
+                from dotenv import dotenv_values
 
-            path = Path.cwd() / ".env"
-            self._dotenv = dict(dotenv_values(path)) if path.is_file() else {}
-        return self._dotenv.get(name)
+                path = Path.cwd() / ".env"
+                self._dotenv = dict(dotenv_values(path)) if path.is_file() else {}
+            value = self._dotenv.get(name)
+        if value:
+            self.used.add(value)
+        return value
 
 
 def _substitute(value: Any, environment: _Environment) -> Any:
