@@ -224,6 +224,7 @@ class CodeExecutor:
                 log_level=self.log_level,
                 log_to_stderr=True,
                 registry=ServerRegistry(),
+                scope=self.working_dir or Path.cwd().resolve(),
                 token=token,
                 approval_secret=approval_secret,
                 approve_tool_calls=self.approve_tool_calls,
@@ -252,6 +253,7 @@ class CodeExecutor:
                 max_processes=self.max_processes,
             )
             await stack.enter_async_context(gateway)
+            tool_server.kernel_writable = gateway.kernel_writable
             kernel = KernelClient(
                 host=self.kernel_gateway_host,
                 port=gateway.port,

@@ -120,6 +120,9 @@ class KernelGateway:
         self._jupyter_dir: Path | None = None
         self._srt = ""
         self._sandbox_config: dict[str, Any] | None = None
+        # What a sandboxed kernel may write (its settings' allowWrite); trusted programs never run
+        # from there (see ipybox.tool_exec._params.confine).
+        self.kernel_writable: tuple[Path, ...] = ()
 
     @property
     def url(self) -> str:
@@ -387,6 +390,9 @@ class KernelGateway:
             tool_socket=Path(socket) if socket else None,
         )
         settings_file.write_text(json.dumps(settings, indent=2))
+        self.kernel_writable = tuple(
+            self.working_dir / Path(path).expanduser() for path in settings["filesystem"]["allowWrite"]
+        )
         return _sandbox.wrap(self._srt, settings_file, argv, jupyter_dir / "tmp")
 
     async def _read_output(self, process: asyncio.subprocess.Process) -> None:

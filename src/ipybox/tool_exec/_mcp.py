@@ -13,8 +13,10 @@ import contextlib
 import logging
 import math
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
@@ -355,7 +357,14 @@ class MCPSession:
         pgid: int | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
-                read_stream, write_stream = await stack.enter_async_context(self._transport())
+                cwd = None
+                if isinstance(self.params, StdioParams) and self.params.cwd is None:
+                    # A private, empty working directory: the workspace may hold a planted
+                    # node_modules, Python module or tool configuration that npx, python -m or
+                    # uvx would pick up from their working directory.
+                    cwd = tempfile.mkdtemp(prefix="ipybox-mcp-")
+                    stack.callback(shutil.rmtree, cwd, True)
+                read_stream, write_stream = await stack.enter_async_context(self._transport(cwd))
                 if isinstance(self.params, StdioParams):
                     pgid = _find_process_group(self._marker)
                 streams = _EofWatchingStream(read_stream, self._mark_broken), write_stream
@@ -372,12 +381,12 @@ class MCPSession:
                 with anyio.CancelScope(shield=True):
                     await _kill_process_group(pgid)
 
-    def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
+    def _transport(self, cwd: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
         params = self.params
         if isinstance(params, StdioParams):
             env = {**(params.env or {}), _SESSION_MARKER_ENV: self._marker}
             server = StdioServerParameters(
-                command=params.command, args=list(params.args), env=env, cwd=params.cwd
+                command=params.command, args=list(params.args), env=env, cwd=params.cwd or cwd
             )
             return stdio_client(server, errlog=sys.stderr)
         if params.transport == "sse":

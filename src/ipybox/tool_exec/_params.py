@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,7 +18,7 @@ import httpx2
 
 from ipybox.errors import ServerParamsError
 
-__all__ = ["HttpParams", "StdioParams", "resolve_params"]
+__all__ = ["HttpParams", "StdioParams", "confine", "resolve_params"]
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "type"})
@@ -97,6 +98,62 @@ def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams
     if has_command:
         return _stdio_params(params)
     return _http_params(params)
+
+
+def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> StdioParams:
+    """Refuse a stdio server that a sandboxed kernel could change, and pin its command.
+
+    A server runs outside the sandbox, so its program must not come from where the kernel can
+    write: its working directory, its command (looked up on ``PATH`` here and returned as an
+    absolute path), the ``PATH`` it gets, every argument that names an existing file or folder (and a file's folder, where Python and
+    Node look for modules first) and the ``PYTHONPATH`` / ``NODE_PATH`` entries of its ``env``.
+    Links are followed and both the given and the real path are checked.
+
+    Args:
+        server_name: The server's name, for the message.
+        params: The resolved parameters.
+        writable: Folders the kernel can write.
+
+    Returns:
+        The parameters with ``command`` made absolute (when it was found).
+
+    Raises:
+        ServerParamsError: A path of the server lies in a folder the kernel can write.
+    """
+    roots = {os.path.abspath(root) for path in writable for root in (path, os.path.realpath(path))}
+    base = params.cwd or None
+    env_path = (params.env or {}).get("PATH", os.environ.get("PATH", os.defpath))
+    command = params.command
+    if os.sep in command:
+        command = os.path.join(base, command) if base and not os.path.isabs(command) else command
+    else:
+        command = shutil.which(command, path=env_path) or command
+    candidates: list[tuple[str, str]] = [("command", command)]
+    if params.cwd:
+        candidates.append(("working directory", params.cwd))
+    # The server starts programs of its own from PATH (npx starts node, uvx its tools).
+    candidates += [("PATH entry", folder) for folder in env_path.split(os.pathsep) if os.path.isabs(folder)]
+    for arg in params.args:
+        path = os.path.join(base, arg) if base and not os.path.isabs(arg) else arg
+        if os.path.isabs(path) and os.path.exists(path):
+            candidates.append(("argument", path))
+            if os.path.isfile(path):
+                candidates.append(("folder of argument", os.path.dirname(path)))
+    for name in ("PYTHONPATH", "NODE_PATH"):
+        for entry in (params.env or {}).get(name, "").split(os.pathsep):
+            if entry:
+                candidates.append((name, entry))
+    for what, path in candidates:
+        for form in (os.path.abspath(path), os.path.realpath(path)):
+            root = next((r for r in roots if form == r or form.startswith(r.rstrip(os.sep) + os.sep)), None)
+            if root is not None:
+                raise ServerParamsError(
+                    f"MCP server {server_name!r} is refused: its {what} {path} lies in {root}, which the "
+                    "sandboxed kernel can write, so code in the kernel could change what this server runs "
+                    "outside the sandbox. Move the server (and its working directory) out of the kernel's "
+                    "working directory, or run the executor with a working_dir that does not contain it."
+                )
+    return replace(params, command=command) if os.path.isabs(command) else params
 
 
 def _stdio_params(params: dict[str, Any]) -> StdioParams:

@@ -1,0 +1,81 @@
+"""Attacks from a sandboxed kernel on the trusted side: MCP servers started from places the
+kernel can write, and servers another application registered."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from ipybox import CodeExecutionError, CodeExecutor, generate_mcp_sources
+from tests.conftest import DEMO_SERVER
+from tests.sandbox_support import require_sandbox
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
+
+CALL_ADD = "from ipybox.tool_exec.client import run_tool\nprint(run_tool('demo', 'add', {'a': 1, 'b': 1}))"
+
+
+def planted_server(marker: Path) -> str:
+    """What hostile kernel code writes where a trusted program might run it: it leaves a mark."""
+    return f"open({str(marker)!r}, 'w').write('ran outside the sandbox')\n"
+
+
+async def test_a_module_planted_in_the_workspace_is_not_imported_by_a_python_m_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require_sandbox()
+    work, marker = tmp_path / "work", tmp_path / "pwned"
+    work.mkdir()
+    # As in the README: the application runs in its project folder, the kernel's working directory.
+    monkeypatch.chdir(work)
+    # `python -m demo_server`: Python puts the server's working directory first on its path.
+    params = {
+        "command": sys.executable,
+        "args": ["-m", "demo_server"],
+        "env": {"PYTHONPATH": str(DEMO_SERVER.parent)},
+    }
+    await generate_mcp_sources("demo", params, Path("mcptools"))
+    async with CodeExecutor(sandbox=True, approve_tool_calls=False) as ex:
+        await ex.execute(f"open('demo_server.py', 'w').write({planted_server(marker)!r})")
+        result = await ex.execute(CALL_ADD, timeout=60)
+    assert not marker.exists()
+    assert result.text == "{'sum': 2}"
+
+
+async def test_a_server_script_in_the_working_directory_is_refused_and_its_rewrite_never_runs(
+    tmp_path: Path,
+) -> None:
+    require_sandbox()
+    work, marker = tmp_path / "work", tmp_path / "pwned"
+    work.mkdir()
+    shutil.copy(DEMO_SERVER, work / "server.py")
+    await generate_mcp_sources(
+        "demo", {"command": sys.executable, "args": [str(work / "server.py")]}, work / "mcptools"
+    )
+    async with CodeExecutor(sandbox=True, working_dir=work, approve_tool_calls=False) as ex:
+        await ex.execute(f"open('server.py', 'w').write({planted_server(marker)!r})")
+        with pytest.raises(CodeExecutionError) as info:
+            await ex.execute(CALL_ADD, timeout=60)
+    assert not marker.exists()
+    message = str(info.value)
+    assert "refused" in message and "sandboxed kernel can write" in message and str(work) in message
+
+
+async def test_a_kernel_cannot_call_a_server_another_application_registered(tmp_path: Path) -> None:
+    require_sandbox()
+    other, mine = tmp_path / "other-app", tmp_path / "my-app"
+    other.mkdir()
+    mine.mkdir()
+    demo = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
+    await generate_mcp_sources("demo", demo, other / "mcptools")
+    await generate_mcp_sources("mine", demo, mine / "mcptools")
+    async with CodeExecutor(sandbox=True, working_dir=mine, approve_tool_calls=False) as ex:
+        with pytest.raises(CodeExecutionError) as info:
+            await ex.execute(CALL_ADD, timeout=60)
+        own = await ex.execute(CALL_ADD.replace("'demo'", "'mine'"), timeout=60)
+    assert "'demo' is not registered for this executor" in str(info.value)
+    assert "generate_mcp_sources" in str(info.value)
+    assert own.text == "{'sum': 2}"
