@@ -24,6 +24,7 @@ from ipybox.errors import (
     KernelConnectionError,
     KernelDiedError,
 )
+from ipybox.kernel_mgr import _sandbox
 from ipybox.kernel_mgr.client import ExecutionResult, KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from ipybox.tool_exec._registry import ServerRegistry
@@ -212,7 +213,13 @@ class CodeExecutor:
         approval_secret = secrets.token_urlsafe(32)
         async with AsyncExitStack() as stack:
             # A sandboxed kernel has no network: it reaches the tool server through a Unix socket.
-            socket_dir = Path(tempfile.mkdtemp(prefix="ipybox-tools-")) if self.sandbox else None
+            # In the folder no sandboxed kernel can see (each gets only its own socket's folder
+            # back), so a kernel reaches no other executor's tool server.
+            socket_dir = (
+                Path(tempfile.mkdtemp(prefix="ipybox-tools-", dir=_sandbox.private_base()))
+                if self.sandbox
+                else None
+            )
             if socket_dir is not None:
                 stack.callback(shutil.rmtree, socket_dir, True)
             tool_server = ToolServer(

@@ -79,3 +79,46 @@ async def test_a_kernel_cannot_call_a_server_another_application_registered(tmp_
     assert "'demo' is not registered for this executor" in str(info.value)
     assert "generate_mcp_sources" in str(info.value)
     assert own.text == "{'sum': 2}"
+
+
+REACH = """
+import os, socket
+def reach(path):
+    try:
+        with socket.socket(socket.AF_UNIX) as sock:
+            sock.connect(path)
+        return 'reached'
+    except OSError as exc:
+        return type(exc).__name__
+"""
+
+
+async def test_a_kernel_reaches_only_its_own_tool_server_and_its_token_opens_no_approval(
+    tmp_path: Path,
+) -> None:
+    require_sandbox()
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    async with (
+        CodeExecutor(sandbox=True, working_dir=one) as first,
+        CodeExecutor(sandbox=True, working_dir=two) as second,
+    ):
+        await first.execute(REACH)
+        other = await second.execute("import os\nprint(os.environ['TOOL_SERVER_SOCKET'])")
+        own = await first.execute("print(reach(os.environ['TOOL_SERVER_SOCKET']))")
+        foreign = await first.execute(f"print(reach({other.text!r}))")
+        # The kernel's token is not the approval secret: it cannot become the approval client.
+        approval = await first.execute(
+            "from websockets.sync.client import unix_connect\n"
+            "try:\n"
+            "    with unix_connect(os.environ['TOOL_SERVER_SOCKET'], 'ws://localhost/approval',\n"
+            "                      additional_headers={'Authorization': 'Bearer ' + os.environ['TOOL_SERVER_TOKEN']}) as ws:\n"
+            "        ws.recv(timeout=5)\n"
+            "    print('connected')\n"
+            "except Exception as exc:\n"
+            "    print('refused', type(exc).__name__)\n"
+        )
+    assert own.text == "reached"
+    assert foreign.text != "reached"
+    assert (approval.text or "").startswith("refused")
