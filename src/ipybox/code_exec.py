@@ -474,6 +474,8 @@ class CodeExecutor:
             await kernel.disconnect()
             await gateway.stop()
             await gateway.start()
+            if self._tool_server is not None:
+                self._tool_server.kernel_writable = gateway.kernel_writable
             kernel.port = gateway.port
             await kernel.connect()
         except Exception as error:
