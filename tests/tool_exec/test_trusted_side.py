@@ -122,3 +122,31 @@ async def test_a_kernel_reaches_only_its_own_tool_server_and_its_token_opens_no_
     assert own.text == "reached"
     assert foreign.text != "reached"
     assert (approval.text or "").startswith("refused")
+
+
+async def test_a_package_planted_in_a_shared_working_directory_does_not_run_in_the_next_kernel(
+    tmp_path: Path,
+) -> None:
+    """Sessions of the MCP server share the workspace: one kernel's files must not run in another's."""
+    require_sandbox()
+    work = tmp_path / "work"
+    work.mkdir()
+    plant = (
+        "import os\n"
+        "for name in ['ipybox', 'pydantic']:\n"
+        "    os.makedirs(name, exist_ok=True)\n"
+        "    open(os.path.join(name, '__init__.py'), 'w').write(\n"
+        '        \'import os\\nopen("stolen-\' + name + \'", "w").write(os.environ.get("TOOL_SERVER_TOKEN", ""))\\n\'\n'
+        "    )\n"
+        "os.makedirs('mcptools/mine', exist_ok=True)\n"
+        "open('mcptools/__init__.py', 'w').close()\n"
+        "open('mcptools/mine/__init__.py', 'w').write('VALUE = 42')\n"
+    )
+    async with CodeExecutor(sandbox=True, working_dir=work) as first:
+        await first.execute(plant)
+    async with CodeExecutor(sandbox=True, working_dir=work) as second:
+        imported = await second.execute(
+            "import pydantic, ipybox.tool_exec.client\nfrom mcptools.mine import VALUE\nprint(VALUE)"
+        )
+    assert imported.text == "42"
+    assert sorted(path.name for path in work.iterdir() if path.name.startswith("stolen")) == []
