@@ -1,8 +1,9 @@
 """The trusted registry of MCP servers that a secured tool server may run.
 
 The application records a server here (``generate_mcp_sources`` does it when it generates a
-server's API); the tool server of a ``CodeExecutor`` then starts only servers found here, by
-name, and never takes server parameters from a request. Parameters are stored exactly as
+server's API, together with the folder it wrote the API into); the tool server of a
+``CodeExecutor`` then starts only servers found here, by name, among those whose API lies in its
+working directory or below it, and never takes server parameters from a request. Parameters are stored exactly as
 given, ``${VAR}`` placeholders unreplaced, so no secret value is written to disk.
 
 The file lives in the user's state directory (``$IPYBOX_STATE_DIR``, else
