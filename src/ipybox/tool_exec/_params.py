@@ -105,9 +105,10 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
 
     A server runs outside the sandbox, so its program must not come from where the kernel can
     write: its working directory, its command (looked up on ``PATH`` here and returned as an
-    absolute path), the ``PATH`` it gets, every argument that names an existing file or folder (and a file's folder, where Python and
-    Node look for modules first) and the ``PYTHONPATH`` / ``NODE_PATH`` entries of its ``env``.
-    Links are followed and both the given and the real path are checked.
+    absolute path), the ``PATH`` it gets, every argument that names an existing file or folder
+    (and a file's folder, where Python and Node look for modules first) and the ``PYTHONPATH``
+    / ``NODE_PATH`` entries of its ``env``. Links are followed: both the given and the real path
+    are checked.
 
     Args:
         server_name: The server's name, for the message.
@@ -128,7 +129,8 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
         command = os.path.join(base, command) if base and not os.path.isabs(command) else command
     else:
         command = shutil.which(command, path=env_path) or command
-    candidates: list[tuple[str, str]] = [("command", command)]
+    # A command that was not found fails to start on its own; only a found one is checked.
+    candidates: list[tuple[str, str]] = [("command", command)] if os.sep in command else []
     if params.cwd:
         candidates.append(("working directory", params.cwd))
     # The server starts programs of its own from PATH (npx starts node, uvx its tools).

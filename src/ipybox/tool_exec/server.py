@@ -7,10 +7,10 @@ Endpoints:
   joined), or with ``"content": true`` ``{"content": [MCP content blocks], "structured": ...}``;
   or an error with a real status code and the body
   ``{"error": {"kind": "rejected" | "expired" | "failed", "message": "..."}}``: 400 malformed
-  request or parameters, 401 missing or wrong token, 403 rejected by the application or
-  ``server_params`` refused (secured mode), 404 server not registered, 502 the MCP server
-  failed (could not start, tool error, crash) or the result is over ``max_result_size``,
-  503 no approval client, 504 approval expired.
+  request or parameters, 401 missing or wrong token, 403 rejected by the application,
+  ``server_params`` refused (secured mode) or a server the sandboxed kernel could change,
+  404 server not registered, 502 the MCP server failed (could not start, tool error, crash)
+  or the result is over ``max_result_size``, 503 no approval client, 504 approval expired.
 - ``POST /approve`` with ``{"server_name": "ipybox", "tool_name", "tool_args"}`` only asks the
   application for a decision, for what the kernel runs itself (shell commands); it answers
   ``{"result": null}`` once accepted, or an error as ``/run`` does.

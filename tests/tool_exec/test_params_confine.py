@@ -1,0 +1,32 @@
+"""`confine`: which stdio servers a sandboxed kernel could change."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from ipybox.errors import ServerParamsError
+from ipybox.tool_exec._params import StdioParams, confine
+
+
+def test_confine_checks_the_real_path_of_every_file_a_server_starts_from(tmp_path: Path) -> None:
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    (work / "server.py").write_text("")
+    (outside / "server.py").write_text("")
+    (outside / "link.py").symlink_to(work / "server.py")
+    refused = [
+        StdioParams(command=sys.executable, args=(str(work / "server.py"),)),
+        StdioParams(command=sys.executable, args=(str(outside / "link.py"),)),
+        StdioParams(command=sys.executable, args=("server.py",), cwd=str(work)),
+        StdioParams(command=sys.executable, args=("-m", "srv"), env={"PYTHONPATH": str(work)}),
+        StdioParams(command="python", env={"PATH": f"{work}:/usr/bin:/bin"}),
+    ]
+    for params in refused:
+        with pytest.raises(ServerParamsError, match="sandboxed kernel can write"):
+            confine("s", params, (work,))
+    allowed = confine("s", StdioParams(command="python3", args=(str(outside / "server.py"),)), (work,))
+    assert Path(allowed.command).is_absolute()
