@@ -28,5 +28,14 @@ def test_confine_checks_the_real_path_of_every_file_a_server_starts_from(tmp_pat
     for params in refused:
         with pytest.raises(ServerParamsError, match="sandboxed kernel can write"):
             confine("s", params, (work,))
+    refused.append(StdioParams(command=sys.executable, args=(str(work / "not-yet.py"),)))
     allowed = confine("s", StdioParams(command="python3", args=(str(outside / "server.py"),)), (work,))
     assert Path(allowed.command).is_absolute()
+    # A folder in the workspace is the server's data (a filesystem server's root).
+    confine(
+        "s",
+        StdioParams(command="npx", args=("-y", "@modelcontextprotocol/server-filesystem", str(work))),
+        (work,),
+    )
+    with pytest.raises(ServerParamsError, match="sandboxed kernel can write"):
+        confine("s", refused[-1], (work,))

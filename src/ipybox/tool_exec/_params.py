@@ -23,6 +23,7 @@ __all__ = ["HttpParams", "StdioParams", "confine", "resolve_params"]
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "type"})
 _HTTP_KEYS = frozenset({"url", "headers", "type"})
+_SCRIPT_SUFFIXES = (".py", ".pyz", ".js", ".mjs", ".cjs", ".ts", ".sh", ".jar")
 _HTTP_TYPES: dict[str, Literal["streamable_http", "sse"]] = {
     "streamable_http": "streamable_http",
     "streamable-http": "streamable_http",
@@ -105,10 +106,11 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
 
     A server runs outside the sandbox, so its program must not come from where the kernel can
     write: its working directory, its command (looked up on ``PATH`` here and returned as an
-    absolute path), the ``PATH`` it gets, every argument that names an existing file or folder
-    (and a file's folder, where Python and Node look for modules first) and the ``PYTHONPATH``
-    / ``NODE_PATH`` entries of its ``env``. Links are followed: both the given and the real path
-    are checked.
+    absolute path), the ``PATH`` it gets, every argument that names a file (or a script yet to be
+    written), with the file's folder, where Python and Node look for modules first, and the
+    ``PYTHONPATH`` / ``NODE_PATH`` entries of its ``env``. A folder argument is taken as data
+    (the filesystem server's root): allowed. Links are followed: both the given and the real
+    path are checked.
 
     Args:
         server_name: The server's name, for the message.
@@ -137,10 +139,12 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
     candidates += [("PATH entry", folder) for folder in env_path.split(os.pathsep) if os.path.isabs(folder)]
     for arg in params.args:
         path = os.path.join(base, arg) if base and not os.path.isabs(arg) else arg
-        if os.path.isabs(path) and os.path.exists(path):
-            candidates.append(("argument", path))
-            if os.path.isfile(path):
-                candidates.append(("folder of argument", os.path.dirname(path)))
+        if not os.path.isabs(path) or os.path.isdir(path):
+            # A folder is taken as data (the filesystem server's root, say), not as code.
+            continue
+        # A file, or a script that does not exist yet (the kernel could create it in time).
+        if os.path.exists(path) or path.endswith(_SCRIPT_SUFFIXES):
+            candidates += [("argument", path), ("folder of argument", os.path.dirname(path))]
     for name in ("PYTHONPATH", "NODE_PATH"):
         for entry in (params.env or {}).get(name, "").split(os.pathsep):
             if entry:
