@@ -39,3 +39,7 @@ def test_confine_checks_the_real_path_of_every_file_a_server_starts_from(tmp_pat
     )
     with pytest.raises(ServerParamsError, match="sandboxed kernel can write"):
         confine("s", refused[-1], (work,))
+    # ... unless the folder is a program: `python DIR` runs DIR/__main__.py.
+    (work / "__main__.py").write_text("")
+    with pytest.raises(ServerParamsError, match="sandboxed kernel can write"):
+        confine("s", StdioParams(command=sys.executable, args=(str(work),)), (work,))

@@ -23,6 +23,8 @@ __all__ = ["HttpParams", "StdioParams", "confine", "resolve_params"]
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "type"})
 _HTTP_KEYS = frozenset({"url", "headers", "type"})
+# What makes a folder a program that Python or Node runs (``python DIR``, ``node DIR``).
+_PROGRAM_MARKERS = ("__main__.py", "package.json", "index.js")
 _SCRIPT_SUFFIXES = (".py", ".pyz", ".js", ".mjs", ".cjs", ".ts", ".sh", ".jar")
 _HTTP_TYPES: dict[str, Literal["streamable_http", "sse"]] = {
     "streamable_http": "streamable_http",
@@ -109,7 +111,8 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
     absolute path), the ``PATH`` it gets, every argument that names a file (or a script yet to be
     written), with the file's folder, where Python and Node look for modules first, and the
     ``PYTHONPATH`` / ``NODE_PATH`` entries of its ``env``. A folder argument is taken as data
-    (the filesystem server's root): allowed. Links are followed: both the given and the real
+    (the filesystem server's root), unless it holds ``__main__.py``, ``package.json`` or
+    ``index.js``. Links are followed: both the given and the real
     path are checked.
 
     Args:
@@ -139,8 +142,12 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
     candidates += [("PATH entry", folder) for folder in env_path.split(os.pathsep) if os.path.isabs(folder)]
     for arg in params.args:
         path = os.path.join(base, arg) if base and not os.path.isabs(arg) else arg
-        if not os.path.isabs(path) or os.path.isdir(path):
-            # A folder is taken as data (the filesystem server's root, say), not as code.
+        if not os.path.isabs(path):
+            continue
+        if os.path.isdir(path):
+            # A folder is data (the filesystem server's root, say), unless it is a program.
+            if any(os.path.exists(os.path.join(path, marker)) for marker in _PROGRAM_MARKERS):
+                candidates.append(("argument", path))
             continue
         # A file, or a script that does not exist yet (the kernel could create it in time).
         if os.path.exists(path) or path.endswith(_SCRIPT_SUFFIXES):
