@@ -150,3 +150,40 @@ async def test_a_package_planted_in_a_shared_working_directory_does_not_run_in_t
         )
     assert imported.text == "42"
     assert sorted(path.name for path in work.iterdir() if path.name.startswith("stolen")) == []
+
+
+def installation() -> tuple[list[Path], Path]:
+    """The Python environment, ipybox's package and srt's code, and the folder holding all three
+    (a checkout run with `uv run`)."""
+    import ipybox
+    from ipybox.kernel_mgr import _sandbox
+
+    targets = [Path(sys.prefix), Path(ipybox.__file__).parent, Path(_sandbox.find_srt()).resolve().parent]
+    common = targets[0]
+    while not all(common in target.parents for target in targets):
+        common = common.parent
+    return targets, common
+
+
+async def test_a_kernel_working_in_a_checkout_cannot_change_what_the_application_runs(tmp_path: Path) -> None:
+    """The README's quickstart runs from a clone, whose `.venv`, `src/ipybox` and srt lie in the
+    kernel's working directory when it is the clone: the next start would run a change unsandboxed."""
+    require_sandbox()
+    targets, common = installation()
+    name = f"ipybox-attack-{tmp_path.name}"
+    code = (
+        "import os\n"
+        f"for folder in {[str(t) for t in targets]!r}:\n"
+        "    try:\n"
+        f"        open(os.path.join(folder, {name!r}), 'w').write('x')\n"
+        "        print('wrote', folder)\n"
+        "    except OSError:\n"
+        "        print('refused')\n"
+    )
+    try:
+        async with CodeExecutor(sandbox=True, working_dir=common) as ex:
+            result = await ex.execute(code)
+    finally:
+        for target in targets:
+            (target / name).unlink(missing_ok=True)
+    assert (result.text or "").splitlines() == ["refused"] * 3

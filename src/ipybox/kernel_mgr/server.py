@@ -383,6 +383,11 @@ class KernelGateway:
             # as configuration (srt blocks creating them too).
             protected=[
                 registry_dir,
+                *(
+                    path
+                    for path in _trusted_installation(self._srt)
+                    if path != self.working_dir and path not in self.working_dir.parents
+                ),
                 jupyter_dir / "kernels",
                 settings_file,
                 *(self.working_dir / name for name in _sandbox.TRUSTED_WORKSPACE_FILES),
@@ -440,6 +445,18 @@ class KernelGateway:
                 # in case its log level hides that line.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._announced.wait(), 0.25)
+
+
+def _trusted_installation(srt: str) -> list[Path]:
+    """What the application, the gateway and srt run from: the Python environment, ipybox's own
+    package (a checkout's ``src/`` when installed editable) and srt's ``node_modules``. A working
+    directory that holds them (a clone with its ``.venv``) must not let the kernel change them:
+    the next start would run the change outside the sandbox."""
+    paths = [Path(sys.prefix), Path(__file__).resolve().parents[1]]
+    real_srt = Path(srt).resolve()
+    modules = [parent for parent in real_srt.parents if parent.name == "node_modules"]
+    paths.append(modules[-1] if modules else real_srt)
+    return paths
 
 
 def _gateway_log_level(level: str) -> str:
