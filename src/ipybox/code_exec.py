@@ -261,6 +261,7 @@ class CodeExecutor:
             )
             await stack.enter_async_context(gateway)
             tool_server.kernel_writable = gateway.kernel_writable
+            tool_server.kernel_readonly = gateway.kernel_readonly
             kernel = KernelClient(
                 host=self.kernel_gateway_host,
                 port=gateway.port,
@@ -476,6 +477,7 @@ class CodeExecutor:
             await gateway.start()
             if self._tool_server is not None:
                 self._tool_server.kernel_writable = gateway.kernel_writable
+                self._tool_server.kernel_readonly = gateway.kernel_readonly
             kernel.port = gateway.port
             await kernel.connect()
         except Exception as error:

@@ -39,6 +39,12 @@ def test_confine_checks_the_real_path_of_every_file_a_server_starts_from(tmp_pat
     )
     with pytest.raises(ServerParamsError, match="sandboxed kernel can write"):
         confine("s", refused[-1], (work,))
+    # What the sandbox keeps read-only inside the working directory (a checkout's .venv) is fine.
+    venv = work / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    confine(
+        "s", StdioParams(command="python", env={"PATH": f"{venv}:/usr/bin:/bin"}), (work,), (work / ".venv",)
+    )
     # ... unless the folder is a program: `python DIR` runs DIR/__main__.py.
     (work / "__main__.py").write_text("")
     with pytest.raises(ServerParamsError, match="sandboxed kernel can write"):

@@ -123,6 +123,7 @@ class KernelGateway:
         # What a sandboxed kernel may write (its settings' allowWrite); trusted programs never run
         # from there (see ipybox.tool_exec._params.confine).
         self.kernel_writable: tuple[Path, ...] = ()
+        self.kernel_readonly: tuple[Path, ...] = ()
 
     @property
     def url(self) -> str:
@@ -395,8 +396,12 @@ class KernelGateway:
             tool_socket=Path(socket) if socket else None,
         )
         settings_file.write_text(json.dumps(settings, indent=2))
+        filesystem = settings["filesystem"]
         self.kernel_writable = tuple(
-            self.working_dir / Path(path).expanduser() for path in settings["filesystem"]["allowWrite"]
+            self.working_dir / Path(path).expanduser() for path in filesystem["allowWrite"]
+        )
+        self.kernel_readonly = tuple(
+            self.working_dir / Path(path).expanduser() for path in filesystem["denyWrite"]
         )
         return _sandbox.wrap(self._srt, settings_file, argv, jupyter_dir / "tmp")
 

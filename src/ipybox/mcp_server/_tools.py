@@ -351,7 +351,7 @@ class ToolSession:
             try:
                 resolved = resolve_params(server_params)
                 if isinstance(resolved, StdioParams):
-                    confine(server_name, resolved, tool_server.kernel_writable)
+                    confine(server_name, resolved, tool_server.kernel_writable, tool_server.kernel_readonly)
             except ServerParamsError as exc:
                 return _error(str(exc))
         try:

@@ -103,7 +103,9 @@ def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams
     return _http_params(params)
 
 
-def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> StdioParams:
+def confine(
+    server_name: str, params: StdioParams, writable: Sequence[Path], readonly: Sequence[Path] = ()
+) -> StdioParams:
     """Refuse a stdio server that a sandboxed kernel could change, and pin its command.
 
     A server runs outside the sandbox, so its program must not come from where the kernel can
@@ -119,6 +121,7 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
         server_name: The server's name, for the message.
         params: The resolved parameters.
         writable: Folders the kernel can write.
+        readonly: Paths inside them that the kernel cannot write (the sandbox's ``denyWrite``).
 
     Returns:
         The parameters with ``command`` made absolute (when it was found).
@@ -126,7 +129,8 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
     Raises:
         ServerParamsError: A path of the server lies in a folder the kernel can write.
     """
-    roots = {os.path.abspath(root) for path in writable for root in (path, os.path.realpath(path))}
+    roots = _forms(writable)
+    carved = _forms(readonly)
     base = params.cwd or None
     env_path = (params.env or {}).get("PATH", os.environ.get("PATH", os.defpath))
     command = params.command
@@ -158,8 +162,8 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
                 candidates.append((name, entry))
     for what, path in candidates:
         for form in (os.path.abspath(path), os.path.realpath(path)):
-            root = next((r for r in roots if form == r or form.startswith(r.rstrip(os.sep) + os.sep)), None)
-            if root is not None:
+            root = next((r for r in roots if _within(form, r)), None)
+            if root is not None and not any(_within(form, r) for r in carved):
                 raise ServerParamsError(
                     f"MCP server {server_name!r} is refused: its {what} {path} lies in {root}, which the "
                     "sandboxed kernel can write, so code in the kernel could change what this server runs "
@@ -167,6 +171,14 @@ def confine(server_name: str, params: StdioParams, writable: Sequence[Path]) -> 
                     "working directory, or run the executor with a working_dir that does not contain it."
                 )
     return replace(params, command=command) if os.path.isabs(command) else params
+
+
+def _forms(paths: Sequence[Path]) -> set[str]:
+    return {os.path.abspath(form) for path in paths for form in (path, os.path.realpath(path))}
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _stdio_params(params: dict[str, Any]) -> StdioParams:

@@ -212,6 +212,8 @@ class ToolServer:
         self.log_level = log_level.upper()
         self._registry = registry
         self.kernel_writable = kernel_writable
+        # Paths inside those that the kernel's sandbox keeps read-only (set with kernel_writable).
+        self.kernel_readonly: tuple[Path, ...] = ()
         self.scope = scope
         self._fallback_registry: ServerRegistry | None = None
         self.approve_tool_calls = approve_tool_calls
@@ -543,7 +545,7 @@ class ToolServer:
                 raise _ToolCallError(status, "failed", f"Tool call {call} failed: {exc}") from exc
             if isinstance(resolved, StdioParams) and self.kernel_writable:
                 try:
-                    resolved = confine(server_name, resolved, self.kernel_writable)
+                    resolved = confine(server_name, resolved, self.kernel_writable, self.kernel_readonly)
                 except ServerParamsError as exc:
                     raise _ToolCallError(403, "failed", f"Tool call {call} failed: {exc}") from exc
             session = MCPSession(
