@@ -237,9 +237,18 @@ async def test_sandbox_works_in_the_container_with_the_documented_options_and_to
         "print(attempt(lambda: urllib.request.urlopen('https://pypi.org/simple/', timeout=10)))\n"
     )
     shutil.copy(ROOT / "examples" / "library_server.py", workspace / "library_server.py")
-    params = {"command": "python", "args": ["/app/workspace/library_server.py"]}
-    async with container(workspace, state_volume, "--sandbox", docker_opts=tuple(SANDBOX_OPTS)) as client:
+    in_workspace = {"command": "python", "args": ["/app/workspace/library_server.py"]}
+    # A server the kernel cannot rewrite: outside the workspace, mounted read-only.
+    params = {"command": "python", "args": ["/opt/examples/library_server.py"]}
+    examples = ("-v", f"{ROOT / 'examples'}:/opt/examples:ro")
+    async with container(
+        workspace, state_volume, "--sandbox", docker_opts=(*SANDBOX_OPTS, *examples)
+    ) as client:
         result = await run(client, code)
+        refused = await client.call_tool(
+            "register_mcp_server", {"server_name": "library", "server_params": in_workspace}
+        )
+        assert refused.is_error and "sandboxed kernel can write" in text_of(refused), text_of(refused)
         registered = await client.call_tool(
             "register_mcp_server", {"server_name": "library", "server_params": params}
         )

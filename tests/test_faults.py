@@ -92,7 +92,9 @@ async def executor(workdir: Path, http_demo: HttpDemo) -> AsyncIterator[CodeExec
     # registry is trusted) and its module is the demo's, so the kernel can call it.
     await generate_mcp_sources("mute", DEMO, workdir / "mcptools")
     ServerRegistry().register(
-        "mute", {"command": sys.executable, "args": ["-c", "import time; time.sleep(3600)"]}
+        "mute",
+        {"command": sys.executable, "args": ["-c", "import time; time.sleep(3600)"]},
+        workdir / "mcptools",
     )
     async with CodeExecutor(images_dir=workdir / "images", connect_timeout=CONNECT_TIMEOUT) as ex:
         yield ex

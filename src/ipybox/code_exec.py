@@ -24,6 +24,7 @@ from ipybox.errors import (
     KernelConnectionError,
     KernelDiedError,
 )
+from ipybox.kernel_mgr import _sandbox
 from ipybox.kernel_mgr.client import ExecutionResult, KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from ipybox.tool_exec._registry import ServerRegistry
@@ -212,7 +213,13 @@ class CodeExecutor:
         approval_secret = secrets.token_urlsafe(32)
         async with AsyncExitStack() as stack:
             # A sandboxed kernel has no network: it reaches the tool server through a Unix socket.
-            socket_dir = Path(tempfile.mkdtemp(prefix="ipybox-tools-")) if self.sandbox else None
+            # In the folder no sandboxed kernel can see (each gets only its own socket's folder
+            # back), so a kernel reaches no other executor's tool server.
+            socket_dir = (
+                Path(tempfile.mkdtemp(prefix="ipybox-tools-", dir=_sandbox.private_base()))
+                if self.sandbox
+                else None
+            )
             if socket_dir is not None:
                 stack.callback(shutil.rmtree, socket_dir, True)
             tool_server = ToolServer(
@@ -224,6 +231,7 @@ class CodeExecutor:
                 log_level=self.log_level,
                 log_to_stderr=True,
                 registry=ServerRegistry(),
+                scope=self.working_dir or Path.cwd().resolve(),
                 token=token,
                 approval_secret=approval_secret,
                 approve_tool_calls=self.approve_tool_calls,
@@ -252,6 +260,8 @@ class CodeExecutor:
                 max_processes=self.max_processes,
             )
             await stack.enter_async_context(gateway)
+            tool_server.kernel_writable = gateway.kernel_writable
+            tool_server.kernel_readonly = gateway.kernel_readonly
             kernel = KernelClient(
                 host=self.kernel_gateway_host,
                 port=gateway.port,
@@ -468,6 +478,9 @@ class CodeExecutor:
             await kernel.disconnect()
             await gateway.stop()
             await gateway.start()
+            if self._tool_server is not None:
+                self._tool_server.kernel_writable = gateway.kernel_writable
+                self._tool_server.kernel_readonly = gateway.kernel_readonly
             kernel.port = gateway.port
             await kernel.connect()
         except Exception as error:

@@ -50,8 +50,9 @@ async def generate_mcp_sources(
     Connects to the server (stdio, streamable HTTP or SSE, with ``${VAR}`` placeholders
     replaced from the environment or ``.env``), lists its tools, removes
     ``root_dir/<server_name>/`` if it exists and writes the package anew. The server is
-    recorded in the tool server's trusted registry under ``server_name`` (placeholders
-    unresolved); the generated files hold neither the parameters nor any secret.
+    recorded in the tool server's trusted registry under ``server_name`` and ``root_dir``
+    (placeholders unresolved): a `CodeExecutor` runs it only when ``root_dir`` is its working
+    directory or lies below it. The generated files hold neither the parameters nor any secret.
 
     A tool whose schema cannot be compiled is left out and named in a warning logged on
     ``ipybox.mcp_apigen``; the other tools are generated. A module is named after its
@@ -90,7 +91,7 @@ async def generate_mcp_sources(
 
     tools = await list_tools(server_name, server_params, connect_timeout=connect_timeout)
     try:
-        await anyio.to_thread.run_sync(ServerRegistry().register, server_name, server_params)
+        await anyio.to_thread.run_sync(ServerRegistry().register, server_name, server_params, Path(root_dir))
     except OSError as exc:
         raise ApiGenerationError(
             f"Could not record MCP server {server_name!r} in the tool server's registry: {exc}"

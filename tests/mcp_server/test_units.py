@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -12,7 +13,7 @@ from mcp.shared.exceptions import MCPError
 
 from ipybox.mcp_server import _files, _http, _output
 from ipybox.mcp_server._http import SessionTable, allowed_hosts
-from ipybox.mcp_server._install import Installer, InstallError
+from ipybox.mcp_server._install import Installer, InstallError, packages_dir
 from ipybox.mcp_server._server import Settings
 
 
@@ -39,6 +40,23 @@ def test_under_the_sandbox_installs_are_wheels_into_a_kernel_only_folder(tmp_pat
     assert command[command.index("--only-binary") + 1] == ":all:"
     with pytest.raises(InstallError, match="sandbox"):
         installer.command("git+https://example.com/pkg.git")
+
+
+def test_installers_read_no_configuration_and_a_sandboxed_one_reaches_only_the_index(tmp_path: Path) -> None:
+    environ = {
+        "PATH": "/bin",
+        "HOME": "/h",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "PIP_INDEX_URL": "https://idx.example/simple",
+    }
+    installer = Installer(python="/env/bin/python", sandbox_dir=tmp_path / "site", environ=environ)
+    env = installer.environment(tmp_path)
+    assert (
+        env["UV_NO_CONFIG"] == "1" and env["UV_LINK_MODE"] == "copy" and env["PIP_CONFIG_FILE"] == os.devnull
+    )
+    assert "AWS_SECRET_ACCESS_KEY" not in env and env["TMPDIR"] == str(tmp_path)
+    assert installer.index_hosts() == ["idx.example"]
+    assert Installer(environ={}).index_hosts() == ["pypi.org", "files.pythonhosted.org"]
 
 
 def test_output_is_cleaned_and_truncated_with_a_marker_naming_the_full_file(tmp_path: Path) -> None:
@@ -79,9 +97,10 @@ def test_sandbox_options_reach_the_executor_and_the_kernel_env_is_an_allow_list(
         "HOME": "/home/agent",
         "A": "from-dotenv",
         "B": "environ-wins",
-        "PYTHONPATH": str(tmp_path / ".ipybox" / "site-packages"),
+        "PYTHONPATH": str(packages_dir(tmp_path)),
     }
-    assert settings.installer().sandbox_dir == tmp_path / ".ipybox" / "site-packages"
+    assert settings.installer().sandbox_dir == packages_dir(tmp_path)
+    assert not packages_dir(tmp_path).is_relative_to(tmp_path)
     plain = Settings(workspace=tmp_path, environ={"HOME": "/h"})
     assert "PYTHONPATH" not in plain.kernel_env() and plain.installer().sandbox_dir is None
 

@@ -85,3 +85,20 @@ def test_re_registering_replaces_and_unregister_removes() -> None:
 def test_bad_registrations_are_refused(name: str, params: object) -> None:
     with pytest.raises(ValueError):
         ServerRegistry().register(name, params)  # type: ignore[arg-type]
+
+
+def test_a_scope_sees_only_servers_whose_api_lies_at_or_below_it(tmp_path: Path) -> None:
+    registry = ServerRegistry()
+    one, two = tmp_path / "one", tmp_path / "two"
+    registry.register("a", {"command": "in-one"}, one / "mcptools")
+    registry.register("a", {"command": "in-two"}, two / "mcptools")
+    registry.register("plain", {"command": "unscoped"})
+    assert registry.lookup("a", one) == {"command": "in-one"}
+    assert registry.lookup("a", two) == {"command": "in-two"}
+    assert registry.lookup("a", tmp_path / "three") is None
+    # An unscoped registration is for standalone tool servers only.
+    assert registry.lookup("plain", one) is None and registry.lookup("plain") == {"command": "unscoped"}
+    # Without a scope the latest registration of a name wins.
+    assert registry.lookup("a") == {"command": "in-two"}
+    registry.unregister("a", two / "mcptools")
+    assert registry.lookup("a", two) is None and registry.lookup("a") == {"command": "in-one"}

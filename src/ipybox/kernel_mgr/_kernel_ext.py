@@ -47,6 +47,10 @@ def load_ipython_extension(ip: Any) -> None:
     for name in _COLOUR_FORCING:
         environ.pop(name, None)
     environ.update(NO_COLOR="1", CLICOLOR="0", TERM="dumb")
+    # The working directory is importable (generated `mcptools` live there), but last: what the
+    # kernel's own environment installs is never shadowed by a file written in the workspace.
+    if "" not in sys.path:
+        sys.path.append("")
     _hide_marked_frames(ip)
     _count_cell_lines()
     _show_figures_of_file_backends(ip)

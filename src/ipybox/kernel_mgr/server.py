@@ -120,6 +120,10 @@ class KernelGateway:
         self._jupyter_dir: Path | None = None
         self._srt = ""
         self._sandbox_config: dict[str, Any] | None = None
+        # What a sandboxed kernel may write (its settings' allowWrite); trusted programs never run
+        # from there (see ipybox.tool_exec._params.confine).
+        self.kernel_writable: tuple[Path, ...] = ()
+        self.kernel_readonly: tuple[Path, ...] = ()
 
     @property
     def url(self) -> str:
@@ -380,6 +384,11 @@ class KernelGateway:
             # as configuration (srt blocks creating them too).
             protected=[
                 registry_dir,
+                *(
+                    path
+                    for path in _trusted_installation(self._srt)
+                    if path != self.working_dir and path not in self.working_dir.parents
+                ),
                 jupyter_dir / "kernels",
                 settings_file,
                 *(self.working_dir / name for name in _sandbox.TRUSTED_WORKSPACE_FILES),
@@ -387,6 +396,13 @@ class KernelGateway:
             tool_socket=Path(socket) if socket else None,
         )
         settings_file.write_text(json.dumps(settings, indent=2))
+        filesystem = settings["filesystem"]
+        self.kernel_writable = tuple(
+            self.working_dir / Path(path).expanduser() for path in filesystem["allowWrite"]
+        )
+        self.kernel_readonly = tuple(
+            self.working_dir / Path(path).expanduser() for path in filesystem["denyWrite"]
+        )
         return _sandbox.wrap(self._srt, settings_file, argv, jupyter_dir / "tmp")
 
     async def _read_output(self, process: asyncio.subprocess.Process) -> None:
@@ -436,6 +452,18 @@ class KernelGateway:
                     await asyncio.wait_for(self._announced.wait(), 0.25)
 
 
+def _trusted_installation(srt: str) -> list[Path]:
+    """What the application, the gateway and srt run from: the Python environment, ipybox's own
+    package (a checkout's ``src/`` when installed editable) and srt's ``node_modules``. A working
+    directory that holds them (a clone with its ``.venv``) must not let the kernel change them:
+    the next start would run the change outside the sandbox."""
+    paths = [Path(sys.prefix), Path(__file__).resolve().parents[1]]
+    real_srt = Path(srt).resolve()
+    modules = [parent for parent in real_srt.parents if parent.name == "node_modules"]
+    paths.append(modules[-1] if modules else real_srt)
+    return paths
+
+
 def _gateway_log_level(level: str) -> str:
     """Translate a Python logging level name to the gateway's spelling of it."""
     name = level.upper()
@@ -463,6 +491,10 @@ _KERNEL_ARGS = [
     "--InteractiveShell.colors=nocolor",
     # Shell approval, the shell-escape guard and the kept working directory (see the module).
     "--IPKernelApp.extensions=ipybox.kernel_mgr._kernel_ext",
+    # IPython would put the working directory before site-packages, so a package planted there
+    # (an `ipybox/`, a `pandas.py`) would be imported by every later kernel of the same working
+    # directory, other sessions' included. The extension puts it last instead (_kernel_ext).
+    "--InteractiveShellApp.ignore_cwd=True",
 ]
 
 

@@ -3,31 +3,64 @@
 The kernel runs this process's interpreter (``sys.executable``), so packages go into its
 environment. A uv-made environment has no pip, hence ``uv pip install --python``.
 
-Under ``--sandbox`` the install runs outside the sandbox (the kernel has no network), so it
-must not run code the agent chose: only wheels are accepted (``--only-binary :all:``, no
-build scripts run) and URLs are refused (``git+``, ``file:``, ``https:`` and PEP 508 direct
-references ``name @ URL``), and the packages go into a folder that only
-the kernel has on its path (``--target``), where ``.pth`` files are never processed. Nothing
-installed there is ever imported by the server or the gateway.
+The installer is a trusted program, so it takes nothing from where the kernel can write: it
+starts in a private, empty folder (a ``pip/`` package or ``uv.toml`` planted in the workspace is
+never seen), reads no configuration file at all (uv ``--no-config``, pip ``--isolated`` and
+``python -I``), gets an environment built here (``PATH``, ``HOME``, the certificate and index
+settings of the application's environment) and a cache of its own in ipybox's state folder, and
+copies files out of it (``UV_LINK_MODE=copy``: no hard link shared with anything else).
+
+Under ``--sandbox`` it also must not run code the agent chose: only wheels are accepted
+(``--only-binary :all:``, no build scripts run) and URLs are refused (``git+``, ``file:``,
+``https:`` and PEP 508 direct references ``name @ URL``). The packages go into a folder in
+ipybox's state folder, one per workspace (`packages_dir`), on the kernel's path only: kernels
+cannot write it (the gateway protects the state folder), so no session can plant code there
+for another, and installs outlive the server. The installer then runs inside a sandbox of its
+own (``srt``) that reaches only the package index and writes only that folder and its cache.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
 import re
+import shlex
 import shutil
 import sys
-from dataclasses import dataclass
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import anyio
 
-SANDBOX_PACKAGES_DIR = ".ipybox/site-packages"
+from ipybox.kernel_mgr import _sandbox
+from ipybox.tool_exec._registry import default_registry_path
+
 _OUTPUT_LIMIT = 4000
 # A requirement (name, extras, version specifiers, markers) or a VCS/URL requirement; no
 # whitespace-separated extra arguments and nothing that looks like an option.
 _REQUIREMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,-]+\])?\s*([<>=!~^;@].*)?$")
+# What the installer gets of the application's environment: where programs and certificates are,
+# and which package index to use (the only host a sandboxed install can reach).
+_PASSED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "SSL_CERT_FILE", "SSL_CERT_DIR", "UV_NATIVE_TLS")
+_UV_INDEX_ENV = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_EXTRA_INDEX_URL", "UV_INDEX")
+_PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy")
+_PYPI_HOSTS = ("pypi.org", "files.pythonhosted.org")
+
+
+def state_folder() -> Path:
+    """ipybox's state folder (the trusted registry's), which no sandboxed kernel can write."""
+    return default_registry_path().parent
+
+
+def packages_dir(workspace: Path) -> Path:
+    """The folder sandboxed installs of `workspace` go into: in the state folder, one per workspace."""
+    key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
+    return state_folder() / "packages" / f"{workspace.resolve().name[:40]}-{key}" / "site-packages"
 
 
 class InstallError(Exception):
@@ -40,11 +73,13 @@ class Installer:
 
     Args:
         python: The kernel's interpreter.
-        sandbox_dir: With ``--sandbox``: the kernel-only folder packages go into.
+        sandbox_dir: With ``--sandbox``: the kernel-only folder packages go into (`packages_dir`).
+        environ: The application's environment, where the index and certificate settings are read.
     """
 
     python: str = sys.executable
     sandbox_dir: Path | None = None
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def command(self, package: str) -> list[str]:
         """The install command for `package`.
@@ -76,8 +111,61 @@ class Installer:
             extra = ["--target", str(self.sandbox_dir), "--only-binary", ":all:"]
         uv = _find_uv(self.python)
         if uv is not None:
-            return [uv, "pip", "install", "--python", self.python, *extra, spec]
-        return [self.python, "-m", "pip", "install", "--disable-pip-version-check", *extra, spec]
+            return [uv, "pip", "install", "--no-config", "--python", self.python, *extra, spec]
+        pip_settings: list[str] = []
+        # --isolated ignores PIP_* variables too: the index and certificate are given as options.
+        if index := self.environ.get("PIP_INDEX_URL"):
+            pip_settings += ["--index-url", index]
+        for url in self.environ.get("PIP_EXTRA_INDEX_URL", "").split():
+            pip_settings += ["--extra-index-url", url]
+        if cert := self.environ.get("PIP_CERT") or self.environ.get("SSL_CERT_FILE"):
+            pip_settings += ["--cert", cert]
+        return [
+            self.python,
+            "-I",
+            "-m",
+            "pip",
+            "install",
+            "--isolated",
+            "--no-input",
+            "--disable-pip-version-check",
+            "--cache-dir",
+            str(state_folder() / "cache" / "pip"),
+            *pip_settings,
+            *extra,
+            spec,
+        ]
+
+    def environment(self, private: Path) -> dict[str, str]:
+        """The installer's whole environment: nothing of the application's but `_PASSED_ENV` and
+        the index settings; its temporary files in `private`, its cache in the state folder."""
+        env = {key: self.environ[key] for key in (*_PASSED_ENV, *_UV_INDEX_ENV) if key in self.environ}
+        if self.sandbox_dir is None:
+            env.update({key: self.environ[key] for key in _PROXY_ENV if key in self.environ})
+        env.update(
+            {
+                "TMPDIR": str(private),
+                "PYTHONNOUSERSITE": "1",
+                "PIP_CONFIG_FILE": os.devnull,
+                "UV_NO_CONFIG": "1",
+                "UV_CACHE_DIR": str(state_folder() / "cache" / "uv"),
+                "UV_LINK_MODE": "copy",
+                "UV_PYTHON_DOWNLOADS": "never",
+            }
+        )
+        return env
+
+    def index_hosts(self) -> list[str]:
+        """The hosts a sandboxed install may reach: those of the configured index URLs, else PyPI's."""
+        urls: list[str] = []
+        for key in (*_UV_INDEX_ENV, "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL"):
+            for item in self.environ.get(key, "").split():
+                urls.append(item.split("=", 1)[1] if "=" in item.split("://")[0] else item)
+        hosts = [urlsplit(url).hostname or "" for url in urls]
+        hosts = [host for host in dict.fromkeys(hosts) if host]
+        if not urls or "pypi.org" in hosts:
+            hosts = list(dict.fromkeys([*hosts, *_PYPI_HOSTS]))
+        return hosts
 
     async def install(self, package: str, timeout: float = 600) -> str:
         """Install `package` and return the installer's output.
@@ -86,14 +174,46 @@ class Installer:
             InstallError: If the requirement is refused, or the installer failed or timed out.
         """
         command = self.command(package)
+        cache = state_folder() / "cache"
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
         if self.sandbox_dir is not None:
-            self.sandbox_dir.mkdir(parents=True, exist_ok=True)
+            self.sandbox_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private = Path(tempfile.mkdtemp(prefix="ipybox-install-"))
+        try:
+            if self.sandbox_dir is not None:
+                command = self._sandboxed(command, private, cache)
+            return await self._run(command, package, private, timeout)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+    def _sandboxed(self, command: list[str], private: Path, cache: Path) -> list[str]:
+        assert self.sandbox_dir is not None
+        try:
+            srt = _sandbox.find_srt()
+        except Exception as exc:
+            raise InstallError(f"Cannot install under --sandbox: {exc}") from exc
+        home = Path(self.environ.get("HOME") or Path.home())
+        settings = {
+            "network": {"allowedDomains": self.index_hosts(), "deniedDomains": []},
+            "filesystem": {
+                "denyRead": [str(home / path[2:]) for path in _sandbox.CREDENTIAL_STORES],
+                "allowWrite": [str(self.sandbox_dir), str(cache), str(private)],
+                "denyWrite": [],
+            },
+        }
+        settings_file = private / "srt-settings.json"
+        settings_file.write_text(json.dumps(settings))
+        return [srt, "--settings", str(settings_file), "-c", f"exec {shlex.join(command)}"]
+
+    async def _run(self, command: list[str], package: str, private: Path, timeout: float) -> str:
         try:
             process = await asyncio.create_subprocess_exec(
                 *command,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
+                cwd=private,
+                env=self.environment(private),
             )
         except OSError as exc:
             raise InstallError(f"Could not run the installer {command[0]!r}: {exc}") from exc
@@ -118,7 +238,7 @@ class Installer:
             )
             raise InstallError(
                 f"Installing {package!r} failed (exit code {process.returncode}) with "
-                f"{Path(command[0]).name}:\n{text}{hint}"
+                f"{Path(self.command(package)[0]).name}:\n{text}{hint}"
             )
         return text
 

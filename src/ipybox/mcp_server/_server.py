@@ -18,7 +18,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ipybox.code_exec import CodeExecutor
 from ipybox.mcp_server import _files
-from ipybox.mcp_server._install import SANDBOX_PACKAGES_DIR, Installer
+from ipybox.mcp_server._install import Installer, packages_dir
 from ipybox.mcp_server._tools import TOOLS, Progress, ToolSession
 
 _KERNEL_ENV_PREFIX = "KERNEL_ENV_"
@@ -72,8 +72,9 @@ class Settings:
             }
         )
         if self.sandbox:
-            # Packages installed under the sandbox live where only the kernel looks (see _install).
-            env["PYTHONPATH"] = str(self.workspace / SANDBOX_PACKAGES_DIR)
+            # Packages installed under the sandbox live where only the kernel looks, and only the
+            # trusted installer writes (see _install).
+            env["PYTHONPATH"] = str(packages_dir(self.workspace))
         return env
 
     def executor(self) -> CodeExecutor:
@@ -92,7 +93,9 @@ class Settings:
     def installer(self) -> Installer:
         """How packages are installed for kernels."""
         return Installer(
-            python=sys.executable, sandbox_dir=self.workspace / SANDBOX_PACKAGES_DIR if self.sandbox else None
+            python=sys.executable,
+            sandbox_dir=packages_dir(self.workspace) if self.sandbox else None,
+            environ=self.environ,
         )
 
     async def start_session(self) -> ToolSession:

@@ -358,6 +358,18 @@ class ToolSession:
                 workspace.mkdir(MCPTOOLS_DIR)
         except ConfinedPathError as exc:
             return _error(f"Cannot register {server_name!r}: {exc}")
+        # Under --sandbox the server must not run from where kernels write: refused before it is
+        # started for the listing (the tool server checks again at every start).
+        tool_server = self.executor._tool_server
+        if tool_server is not None and tool_server.kernel_writable:
+            from ipybox.tool_exec._params import StdioParams, confine, resolve_params
+
+            try:
+                resolved = resolve_params(server_params)
+                if isinstance(resolved, StdioParams):
+                    confine(server_name, resolved, tool_server.kernel_writable, tool_server.kernel_readonly)
+            except ServerParamsError as exc:
+                return _error(str(exc))
         try:
             names = await generate_mcp_sources(
                 server_name,
@@ -389,11 +401,6 @@ class ToolSession:
 
     async def install_package(self, package_name: str) -> types.CallToolResult:
         """Install `package_name` and make it importable in the running kernel."""
-        if self.installer.sandbox_dir is not None:
-            try:
-                _files.server_folder(self.workspace, self.installer.sandbox_dir)
-            except _files.WorkspacePathError as exc:
-                return _error(f"Cannot install {package_name!r}: {exc}")
         try:
             log = await self.installer.install(package_name)
         except InstallError as exc:

@@ -19,6 +19,7 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -513,7 +514,14 @@ class MCPSession:
         pgid: int | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
-                read_stream, write_stream = await stack.enter_async_context(self._transport())
+                cwd = None
+                if isinstance(self.params, StdioParams) and self.params.cwd is None:
+                    # A private, empty working directory: the workspace may hold a planted
+                    # node_modules, Python module or tool configuration that npx, python -m or
+                    # uvx would pick up from their working directory.
+                    cwd = tempfile.mkdtemp(prefix="ipybox-mcp-")
+                    stack.callback(shutil.rmtree, cwd, True)
+                read_stream, write_stream = await stack.enter_async_context(self._transport(cwd))
                 if self._stderr is not None and self._stderr.process is not None:
                     pgid = self._stderr.process.pid  # the SDK starts it in a session of its own
                 elif isinstance(self.params, StdioParams):
@@ -532,12 +540,14 @@ class MCPSession:
                 with anyio.CancelScope(shield=True):
                     await _kill_process_group(pgid)
 
-    def _transport(self) -> contextlib.AbstractAsyncContextManager[Any]:
+    def _transport(self, cwd: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
         params = self.params
         if isinstance(params, StdioParams):
             env = {**server_environment(), **(params.env or {}), _SESSION_MARKER_ENV: self._marker}
             command = resolve_command(params.command, env.get("PATH", os.environ.get("PATH", os.defpath)))
-            server = StdioServerParameters(command=command, args=list(params.args), env=env, cwd=params.cwd)
+            server = StdioServerParameters(
+                command=command, args=list(params.args), env=env, cwd=params.cwd or cwd
+            )
             self._stderr = _ServerStderr(params.secrets)
             return _stdio_transport(server, self._stderr, self.max_message_size)
         if params.transport == "sse":

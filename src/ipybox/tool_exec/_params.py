@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,11 +19,14 @@ import httpx2
 
 from ipybox.errors import ServerParamsError
 
-__all__ = ["HttpParams", "StdioParams", "resolve_params"]
+__all__ = ["HttpParams", "StdioParams", "confine", "resolve_params"]
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "type"})
 _HTTP_KEYS = frozenset({"url", "headers", "type"})
+# What makes a folder a program that Python or Node runs (``python DIR``, ``node DIR``).
+_PROGRAM_MARKERS = ("__main__.py", "package.json", "index.js")
+_SCRIPT_SUFFIXES = (".py", ".pyz", ".js", ".mjs", ".cjs", ".ts", ".sh", ".jar")
 _HTTP_TYPES: dict[str, Literal["streamable_http", "sse"]] = {
     "streamable_http": "streamable_http",
     "streamable-http": "streamable_http",
@@ -102,6 +106,84 @@ def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams
         )
     resolved = _stdio_params(params) if has_command else _http_params(params)
     return dataclasses.replace(resolved, secrets=tuple(sorted(environment.used, key=len, reverse=True)))
+
+
+def confine(
+    server_name: str, params: StdioParams, writable: Sequence[Path], readonly: Sequence[Path] = ()
+) -> StdioParams:
+    """Refuse a stdio server that a sandboxed kernel could change, and pin its command.
+
+    A server runs outside the sandbox, so its program must not come from where the kernel can
+    write: its working directory, its command (looked up on ``PATH`` here and returned as an
+    absolute path), the ``PATH`` it gets, every argument that names a file (or a script yet to be
+    written), with the file's folder, where Python and Node look for modules first, and the
+    ``PYTHONPATH`` / ``NODE_PATH`` entries of its ``env``. A folder argument is taken as data
+    (the filesystem server's root), unless it holds ``__main__.py``, ``package.json`` or
+    ``index.js``. Links are followed: both the given and the real
+    path are checked.
+
+    Args:
+        server_name: The server's name, for the message.
+        params: The resolved parameters.
+        writable: Folders the kernel can write.
+        readonly: Paths inside them that the kernel cannot write (the sandbox's ``denyWrite``).
+
+    Returns:
+        The parameters with ``command`` made absolute (when it was found).
+
+    Raises:
+        ServerParamsError: A path of the server lies in a folder the kernel can write.
+    """
+    roots = _forms(writable)
+    carved = _forms(readonly)
+    base = params.cwd or None
+    env_path = (params.env or {}).get("PATH", os.environ.get("PATH", os.defpath))
+    command = params.command
+    if os.sep in command:
+        command = os.path.join(base, command) if base and not os.path.isabs(command) else command
+    else:
+        command = shutil.which(command, path=env_path) or command
+    # A command that was not found fails to start on its own; only a found one is checked.
+    candidates: list[tuple[str, str]] = [("command", command)] if os.sep in command else []
+    if params.cwd:
+        candidates.append(("working directory", params.cwd))
+    # The server starts programs of its own from PATH (npx starts node, uvx its tools).
+    candidates += [("PATH entry", folder) for folder in env_path.split(os.pathsep) if os.path.isabs(folder)]
+    for arg in params.args:
+        path = os.path.join(base, arg) if base and not os.path.isabs(arg) else arg
+        if not os.path.isabs(path):
+            continue
+        if os.path.isdir(path):
+            # A folder is data (the filesystem server's root, say), unless it is a program.
+            if any(os.path.exists(os.path.join(path, marker)) for marker in _PROGRAM_MARKERS):
+                candidates.append(("argument", path))
+            continue
+        # A file, or a script that does not exist yet (the kernel could create it in time).
+        if os.path.exists(path) or path.endswith(_SCRIPT_SUFFIXES):
+            candidates += [("argument", path), ("folder of argument", os.path.dirname(path))]
+    for name in ("PYTHONPATH", "NODE_PATH"):
+        for entry in (params.env or {}).get(name, "").split(os.pathsep):
+            if entry:
+                candidates.append((name, entry))
+    for what, path in candidates:
+        for form in (os.path.abspath(path), os.path.realpath(path)):
+            root = next((r for r in roots if _within(form, r)), None)
+            if root is not None and not any(_within(form, r) for r in carved):
+                raise ServerParamsError(
+                    f"MCP server {server_name!r} is refused: its {what} {path} lies in {root}, which the "
+                    "sandboxed kernel can write, so code in the kernel could change what this server runs "
+                    "outside the sandbox. Move the server (and its working directory) out of the kernel's "
+                    "working directory, or run the executor with a working_dir that does not contain it."
+                )
+    return replace(params, command=command) if os.path.isabs(command) else params
+
+
+def _forms(paths: Sequence[Path]) -> set[str]:
+    return {os.path.abspath(form) for path in paths for form in (path, os.path.realpath(path))}
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def _stdio_params(params: dict[str, Any]) -> StdioParams:

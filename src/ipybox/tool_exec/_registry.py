@@ -1,8 +1,9 @@
 """The trusted registry of MCP servers that a secured tool server may run.
 
 The application records a server here (``generate_mcp_sources`` does it when it generates a
-server's API); the tool server of a ``CodeExecutor`` then starts only servers found here, by
-name, and never takes server parameters from a request. Parameters are stored exactly as
+server's API, together with the folder it wrote the API into); the tool server of a
+``CodeExecutor`` then starts only servers found here, by name, among those whose API lies in its
+working directory or below it, and never takes server parameters from a request. Parameters are stored exactly as
 given, ``${VAR}`` placeholders unreplaced, so no secret value is written to disk.
 
 The file lives in the user's state directory (``$IPYBOX_STATE_DIR``, else
@@ -26,7 +27,7 @@ from typing import Any
 
 __all__ = ["ServerRegistry", "default_registry_path"]
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 
 
 def default_registry_path() -> Path:
@@ -45,7 +46,13 @@ def default_registry_path() -> Path:
 
 
 class ServerRegistry:
-    """A JSON file mapping server names to MCP server parameters, shared by the user's processes.
+    """A JSON file mapping server names to MCP server parameters, scoped by the folder of their API.
+
+    ``generate_mcp_sources`` records a server together with the folder it wrote the server's
+    package into (its ``root_dir``); the tool server of a ``CodeExecutor`` runs a server only
+    when that folder is the executor's working directory or lies below it, so the kernel of one
+    application cannot call, by name, a server another application registered. A server
+    registered without a folder is found only by a tool server without a scope (standalone use).
 
     Writes are atomic (a temporary file replaced over the old one, mode ``0600``) and
     serialised across processes with a lock file; reads are cached and repeated only when the
@@ -59,14 +66,20 @@ class ServerRegistry:
         self.path = Path(path) if path is not None else default_registry_path()
         self._lock = threading.Lock()
         self._servers: dict[str, dict[str, Any]] = {}
+        self._scoped: dict[str, dict[str, dict[str, Any]]] = {}
+        self._views: dict[Path | None, dict[str, dict[str, Any]]] = {}
         self._stamp: tuple[int, int, int] | None = None
 
-    def register(self, server_name: str, server_params: Mapping[str, Any]) -> None:
+    def register(
+        self, server_name: str, server_params: Mapping[str, Any], root_dir: Path | None = None
+    ) -> None:
         """Record (or replace) a server's parameters under its name.
 
         Args:
             server_name: The application's name for the server.
             server_params: Its parameters, stored as given (``${VAR}`` placeholders unreplaced).
+            root_dir: The folder its generated package lives in (made absolute); ``None``
+                records it for tool servers without a scope only.
 
         Raises:
             ValueError: ``server_name`` is empty or ``server_params`` is not a JSON-serialisable mapping.
@@ -83,36 +96,45 @@ class ServerRegistry:
                 f"The parameters of MCP server {server_name!r} are not JSON-serialisable: {exc}"
             ) from exc
         with self._lock, self._file_lock():
-            servers = self._read()
-            if servers.get(server_name) == params:
+            servers, scoped = self._read()
+            table = servers if root_dir is None else scoped.setdefault(str(Path(root_dir).resolve()), {})
+            if table.get(server_name) == params:
                 return
-            servers[server_name] = params
-            self._write(servers)
+            # Removed and added again: the latest registration of a name comes last.
+            table.pop(server_name, None)
+            table[server_name] = params
+            self._write(servers, scoped)
 
-    def unregister(self, server_name: str) -> None:
+    def unregister(self, server_name: str, root_dir: Path | None = None) -> None:
         """Remove a server from the registry (nothing happens if it is not there).
 
         Raises:
             OSError: The registry file could not be written.
         """
         with self._lock, self._file_lock():
-            servers = self._read()
-            if servers.pop(server_name, None) is not None:
-                self._write(servers)
+            servers, scoped = self._read()
+            table = servers if root_dir is None else scoped.get(str(Path(root_dir).resolve()), {})
+            if table.pop(server_name, None) is not None:
+                self._write(servers, scoped)
 
-    def lookup(self, server_name: str) -> dict[str, Any] | None:
+    def lookup(self, server_name: str, scope: Path | None = None) -> dict[str, Any] | None:
         """Return a copy of a registered server's parameters, or ``None`` if it is not registered.
 
         The file is read again only when it changed since the last read, so a server that
         another process registered is found.
 
+        Args:
+            server_name: The server's name.
+            scope: An executor's working directory: only servers whose API was generated there or
+                below count. ``None``: any registration, the latest of a name winning.
+
         Raises:
             OSError: The registry file exists but could not be read.
         """
-        params = self.lookup_shared(server_name)
+        params = self.lookup_shared(server_name, scope)
         return copy.deepcopy(params) if params is not None else None
 
-    def lookup_shared(self, server_name: str) -> dict[str, Any] | None:
+    def lookup_shared(self, server_name: str, scope: Path | None = None) -> dict[str, Any] | None:
         """Like :meth:`lookup` without the copy, for a lookup on every tool call.
 
         The caller must not modify the result: it is the registry's cached value.
@@ -124,7 +146,19 @@ class ServerRegistry:
             stamp = self._current_stamp()
             if stamp != self._stamp:
                 self._read()
-            return self._servers.get(server_name)
+            view = self._views.get(scope)
+            if view is None:
+                view = self._views[scope] = self._view(scope)
+            return view.get(server_name)
+
+    def _view(self, scope: Path | None) -> dict[str, dict[str, Any]]:
+        view: dict[str, dict[str, Any]] = {}
+        if scope is None:
+            view.update(self._servers)
+        for root, servers in self._scoped.items():
+            if scope is None or _inside(Path(root), scope):
+                view.update(servers)
+        return view
 
     def _current_stamp(self) -> tuple[int, int, int] | None:
         try:
@@ -133,12 +167,11 @@ class ServerRegistry:
             return None
         return stat.st_ino, stat.st_mtime_ns, stat.st_size
 
-    def _read(self) -> dict[str, dict[str, Any]]:
-        """Read the file into the cache and return a fresh copy of its servers."""
+    def _read(self) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, dict[str, Any]]]]:
+        """Read the file into the cache and return fresh copies of its tables."""
         stamp = self._current_stamp()
-        if stamp is None:
-            servers: dict[str, dict[str, Any]] = {}
-        else:
+        data: Any = {}
+        if stamp is not None:
             try:
                 data = json.loads(self.path.read_text(encoding="utf-8"))
             except FileNotFoundError:
@@ -147,16 +180,21 @@ class ServerRegistry:
                 raise OSError(
                     f"The MCP server registry {self.path} is not valid JSON ({exc}); remove it."
                 ) from exc
-            servers = data.get("servers", {}) if isinstance(data, dict) else {}
-        self._servers, self._stamp = servers, stamp
-        return copy.deepcopy(servers)
+        if not isinstance(data, dict):
+            data = {}
+        self._servers, self._scoped = data.get("servers", {}), data.get("scoped", {})
+        self._stamp, self._views = stamp, {}
+        return copy.deepcopy(self._servers), copy.deepcopy(self._scoped)
 
-    def _write(self, servers: dict[str, dict[str, Any]]) -> None:
+    def _write(
+        self, servers: dict[str, dict[str, Any]], scoped: dict[str, dict[str, dict[str, Any]]]
+    ) -> None:
+        scoped = {root: table for root, table in scoped.items() if table}
         self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".servers-", suffix=".json", dir=self.path.parent)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as file:
-                json.dump({"version": _FORMAT_VERSION, "servers": servers}, file, indent=2, sort_keys=True)
+                json.dump({"version": _FORMAT_VERSION, "servers": servers, "scoped": scoped}, file, indent=2)
                 file.flush()
                 os.fsync(file.fileno())
             os.chmod(tmp, 0o600)
@@ -165,7 +203,8 @@ class ServerRegistry:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
-        self._servers, self._stamp = servers, self._current_stamp()
+        self._servers, self._scoped = servers, scoped
+        self._stamp, self._views = self._current_stamp(), {}
 
     @contextlib.contextmanager
     def _file_lock(self) -> Iterator[None]:
@@ -182,3 +221,7 @@ class ServerRegistry:
             yield
         finally:
             os.close(fd)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents

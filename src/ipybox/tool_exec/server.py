@@ -7,10 +7,10 @@ Endpoints:
   joined), or with ``"content": true`` ``{"content": [MCP content blocks], "structured": ...}``;
   or an error with a real status code and the body
   ``{"error": {"kind": "rejected" | "expired" | "failed", "message": "..."}}``: 400 malformed
-  request or parameters, 401 missing or wrong token, 403 rejected by the application or
-  ``server_params`` refused (secured mode), 404 server not registered, 502 the MCP server
-  failed (could not start, tool error, crash) or the result is over ``max_result_size``,
-  503 no approval client, 504 approval expired.
+  request or parameters, 401 missing or wrong token, 403 rejected by the application,
+  ``server_params`` refused (secured mode) or a server the sandboxed kernel could change,
+  404 server not registered, 502 the MCP server failed (could not start, tool error, crash)
+  or the result is over ``max_result_size``, 503 no approval client, 504 approval expired.
 - ``POST /approve`` with ``{"server_name": "ipybox", "tool_name", "tool_args"}`` only asks the
   application for a decision, for what the kernel runs itself (shell commands); it answers
   ``{"result": null}`` once accepted, or an error as ``/run`` does.
@@ -53,7 +53,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 from ipybox.tool_exec._mcp import MCPSession
-from ipybox.tool_exec._params import resolve_params
+from ipybox.tool_exec._params import StdioParams, confine, resolve_params
 from ipybox.tool_exec._registry import ServerRegistry
 from ipybox.tool_exec.approval.server import (
     POLICY_VIOLATION,
@@ -254,6 +254,11 @@ class ToolServer:
         max_request_size: Bytes one request body (a tool call with its arguments) may have; a
             larger call fails alone with an error naming the limit. The body is read only after
             the token was checked, and must arrive within 60 s.
+        kernel_writable: Folders a sandboxed kernel can write (also settable as an attribute once
+            the kernel's sandbox is known): a stdio server whose program, arguments or working
+            directory lie there is refused (see the README's sandbox section).
+        scope: The executor's working directory: a registered server is run only when its API was
+            generated in this folder or below it (``None``: any registered server).
     """
 
     def __init__(
@@ -273,6 +278,8 @@ class ToolServer:
         uds: Path | str | None = None,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
         max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+        kernel_writable: tuple[Path, ...] = (),
+        scope: Path | None = None,
     ) -> None:
         if max_result_size <= 0:
             raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
@@ -291,6 +298,10 @@ class ToolServer:
         self.log_to_stderr = log_to_stderr
         self.log_level = log_level.upper()
         self._registry = registry
+        self.kernel_writable = kernel_writable
+        # Paths inside those that the kernel's sandbox keeps read-only (set with kernel_writable).
+        self.kernel_readonly: tuple[Path, ...] = ()
+        self.scope = scope
         self._fallback_registry: ServerRegistry | None = None
         self.approve_tool_calls = approve_tool_calls
         self._expected_auth = f"Bearer {token}".encode() if token is not None else None
@@ -628,7 +639,7 @@ class ToolServer:
         # A plain tool server reads the default registry, where generate_mcp_sources records servers.
         registry = self._registry if self._registry is not None else self._default_registry()
         try:
-            params = registry.lookup_shared(body.server_name)
+            params = registry.lookup_shared(body.server_name, self.scope)
         except OSError as exc:
             raise _ToolCallError(500, "failed", f"The MCP server registry could not be read: {exc}") from exc
         if params is not None:
@@ -644,11 +655,12 @@ class ToolServer:
                 f"{body.server_name!r} is neither running nor registered in {registry.path}; generate its API "
                 "with generate_mcp_sources, or send server_params.",
             )
+        where = f" into a folder inside {self.scope}" if self.scope is not None else ""
         raise _ToolCallError(
             404,
             "failed",
-            f"Tool call {call} failed: MCP server {body.server_name!r} is not registered with this tool server; "
-            "the application registers a server when it generates its API with generate_mcp_sources.",
+            f"Tool call {call} failed: MCP server {body.server_name!r} is not registered for this executor; "
+            f"generate its API with generate_mcp_sources(...){where} from this application.",
         )
 
     def _default_registry(self) -> ServerRegistry:
@@ -698,6 +710,11 @@ class ToolServer:
                 # Parameters from a request are the client's mistake; registered ones the application's.
                 status = 400 if self._registry is None else 500
                 raise _ToolCallError(status, "failed", f"Tool call {call} failed: {exc}") from exc
+            if isinstance(resolved, StdioParams) and self.kernel_writable:
+                try:
+                    resolved = confine(server_name, resolved, self.kernel_writable, self.kernel_readonly)
+                except ServerParamsError as exc:
+                    raise _ToolCallError(403, "failed", f"Tool call {call} failed: {exc}") from exc
             session = MCPSession(
                 server_name, resolved, self.connect_timeout, self.max_result_size + _ENVELOPE_ALLOWANCE
             )
