@@ -11,6 +11,8 @@ the kernel's environment, which `CodeExecutor` fills:
   telling it to use ``!``. Only direct calls from cell code are refused: libraries the cell
   calls, and IPython's own ``!``, still start processes. This is a Python-level
   guard: code can undo it, so it corrects an agent's habits and does not stop hostile code.
+- ``IPYBOX_START_DIR=path``: the kernel starts there (the gateway that launches it runs in a
+  folder of its own, so that no trusted process has a kernel-writable working directory).
 - ``IPYBOX_WORKING_DIR=path``: the kernel starts there, and after every cell that left it the
   working directory is put back (with a note in the cell's output).
 - ``IPYBOX_EXIT_WITH_GATEWAY=path`` (sandboxed kernels): the kernel exits when the gateway that
@@ -43,6 +45,9 @@ def load_ipython_extension(ip: Any) -> None:
         environ.pop(name, None)
     environ.update(NO_COLOR="1", CLICOLOR="0", TERM="dumb")
     _hide_ipybox_frames(ip)
+    start_dir = environ.pop("IPYBOX_START_DIR", "")
+    if start_dir:
+        os.chdir(start_dir)
     working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
     approve_shell = environ.pop("IPYBOX_APPROVE_SHELL", "") == "1"
     require_escape = environ.pop("IPYBOX_REQUIRE_SHELL_ESCAPE", "") == "1"
