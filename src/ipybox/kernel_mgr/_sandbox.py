@@ -199,7 +199,7 @@ def default_settings(working_dir: Path) -> dict[str, Any]:
         "network": {"allowedDomains": [], "deniedDomains": []},
         "filesystem": {
             "denyRead": [*hidden, str(working_dir / ".env")],
-            "allowRead": [str(working_dir), *python_paths(home)],
+            "allowRead": [str(working_dir)],
             "allowWrite": [str(working_dir)],
             "denyWrite": [],
         },
@@ -276,11 +276,12 @@ def sandbox_settings(
     deny_write = filesystem["denyWrite"]
     workspace = [working_dir / name for name in (*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES)]
     deny_write += [str(path) for path in [*protected, *workspace] if str(path) not in deny_write]
-    if tool_socket is not None:
-        # A denyRead covering the socket's folder would hide it; allowRead wins over denyRead.
-        allow_read = filesystem.setdefault("allowRead", [])
-        if str(tool_socket.parent) not in allow_read:
-            allow_read.append(str(tool_socket.parent))
+    # The kernel cannot start without its own Python (a config may hide the home folder it is
+    # in), nor without the tool server's socket; allowRead wins over denyRead.
+    allow_read = filesystem.setdefault("allowRead", [])
+    for path in [*python_paths(Path.home()), *([str(tool_socket.parent)] if tool_socket else [])]:
+        if path not in allow_read:
+            allow_read.append(path)
     return settings
 
 
