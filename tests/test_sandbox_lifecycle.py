@@ -73,11 +73,17 @@ async def _shell_server(path: Path) -> asyncio.AbstractServer:
     return await asyncio.start_unix_server(greet, path=str(path))
 
 
-async def test_unix_sockets_of_the_host_and_of_other_executors_are_unreachable(project: Path) -> None:
+async def test_unix_sockets_of_the_host_and_of_other_executors_are_unreachable(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sockets = []
+    # The user's runtime folder, here in a place the sandbox does not otherwise hide.
+    runtime = Path(tempfile.mkdtemp(prefix=".runtime-", dir=Path(__file__).parent))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     folders = [
         Path(tempfile.mkdtemp(prefix="tmux-")),
         Path(tempfile.mkdtemp(prefix="shell-", dir="/dev/shm")),
+        runtime,
     ]
     servers = []
     try:
