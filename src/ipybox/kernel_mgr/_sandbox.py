@@ -6,10 +6,17 @@ The gateway talks to the kernel over ZMQ ``ipc://`` sockets in a private runtime
 writable inside (srt removes the network namespace, so TCP ports opened inside are unreachable
 from outside), and the kernel reaches the tool server through a Unix socket.
 
-Settings are srt's own format. The defaults allow no network at all, hide ``.env`` and the usual
-credential stores, and allow writes only to the working directory and the private folders (which
-hold the kernel's temporary, IPython and Jupyter folders). A custom settings file replaces the
-defaults, but `sandbox_settings` always adds the rules the rest of ipybox depends on.
+Settings are srt's own format. The defaults allow no network at all, hide the home folder (but
+the working directory and the kernel's own Python), the shared folders where the host's Unix
+sockets live, ``.env`` and the credential files, and allow writes only to the working directory
+and the private folders (which hold the kernel's temporary, IPython and Jupyter folders). A custom
+settings file replaces the defaults, but `sandbox_settings` always adds the rules the rest of
+ipybox depends on: the protected names in the working directory, the credential files, the
+trusted registry, the kernel's Python and its tool socket.
+
+srt and the gateway run in a private folder, never in the working directory (`wrap`); the
+protected names missing in the working directory are held by stand-ins that ipybox makes and
+removes, however the application ends (`make_placeholders`).
 """
 
 from __future__ import annotations
@@ -93,7 +100,7 @@ PROTECTED_WORKSPACE_FILES = (
 )
 """Names in the working directory that trusted programs (git, editors, agents, shells, ipybox's
 `.env` and the plugin's sandbox settings) read as configuration or run: never writable by a
-sandboxed kernel, whether or not they exist (see `Placeholders`)."""
+sandboxed kernel, whether or not they exist (see `make_placeholders`)."""
 
 HIDDEN_SYSTEM_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
 """Shared folders where the host's Unix sockets live (terminal multiplexers, agents, D-Bus) and
