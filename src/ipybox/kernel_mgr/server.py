@@ -212,8 +212,8 @@ class KernelGateway:
         # The gateway, and srt which it starts, run in a folder of their own that kernels cannot
         # write; kernels change to the working directory themselves.
         start_dir = self._jupyter_dir / "start"
-        start_dir.mkdir()
         try:
+            start_dir.mkdir()
             if self.sandbox:
                 _sandbox.make_placeholders(self.working_dir, self._jupyter_dir)
             self._write_kernel_spec(self._jupyter_dir)
