@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -51,6 +52,23 @@ print(answer.split(b"\\r\\n")[0].decode(), answer.rsplit(b"\\r\\n\\r\\n", 1)[-1]
 """
 
 
+# Credential files an attacker looks for in the home folder (issue 20 found twelve readable).
+CREDENTIALS = (
+    ".ssh/id_test",
+    ".config/git/credentials",
+    ".claude.json",
+    ".pgpass",
+    ".my.cnf",
+    ".bash_history",
+    ".python_history",
+    ".local/share/uv/credentials/credentials.toml",
+    ".cache/huggingface/token",
+    ".config/gcloud/credentials.db",
+    ".vault-token",
+    "notes/plans.txt",
+)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A working directory with a `.env`, generated `mcptools/demo`, a registry inside it (the
@@ -58,8 +76,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     require_sandbox()
     path = tmp_path_factory.mktemp("sandboxed")
     home = tmp_path_factory.mktemp("home")
-    (home / ".ssh").mkdir()
-    (home / ".ssh" / "id_test").write_text("PRIVATE KEY")
+    for name in CREDENTIALS:
+        (home / name).parent.mkdir(parents=True, exist_ok=True)
+        (home / name).write_text("SECRET")
     (path / ".env").write_text("API_KEY=sandbox-secret\n")
     (path / "notes.txt").write_text("readable")
     saved = {name: os.environ.get(name) for name in ("IPYBOX_STATE_DIR", "HOME")}
@@ -120,18 +139,41 @@ async def test_dotenv_of_the_working_directory_cannot_be_read(executor: CodeExec
     assert (await executor.execute("print(open('notes.txt').read())")).text == "readable"
 
 
-async def test_credential_stores_in_home_cannot_be_read(executor: CodeExecutor) -> None:
-    # srt hides a denied folder under an empty one: the key is simply not there.
-    read = "import os\nopen(os.path.expanduser('~/.ssh/id_test')).read()"
-    await fails(executor, read, ("PermissionError", "FileNotFoundError"))
-    assert (await executor.execute("import os\nprint(os.listdir(os.path.expanduser('~/.ssh')))")).text == "[]"
+async def test_nothing_in_the_home_folder_can_be_read(executor: CodeExecutor) -> None:
+    # srt hides the home folder under an empty one: the files are simply not there.
+    for name in CREDENTIALS:
+        read = f"import os\nopen(os.path.expanduser('~/{name}')).read()"
+        await fails(executor, read, ("PermissionError", "FileNotFoundError"))
+    listing = (
+        "import os\nhome = os.path.expanduser('~')\nprint(os.listdir(home) if os.path.isdir(home) else [])"
+    )
+    assert (await executor.execute(listing)).text == "[]"
+
+
+async def test_credential_files_stay_hidden_under_a_config_that_opens_the_home_folder(workdir: Path) -> None:
+    config = workdir / "open-home.json"
+    config.write_text(json.dumps({"filesystem": {"allowWrite": ["."]}}))
+    try:
+        async with CodeExecutor(
+            sandbox=True, sandbox_config=config, kernel_env={"HOME": os.environ["HOME"]}
+        ) as ex:
+            listing = (await ex.execute("import os\nprint(sorted(os.listdir(os.path.expanduser('~'))))")).text
+            assert listing is not None and "notes" in listing
+            assert (
+                await ex.execute("print(open(os.path.expanduser('~/notes/plans.txt')).read())")
+            ).text == "SECRET"
+            for name in CREDENTIALS[:-1]:
+                read = f"open(os.path.expanduser('~/{name}')).read()"
+                await fails(ex, read, ("PermissionError", "FileNotFoundError", "IsADirectoryError"))
+    finally:
+        config.unlink()
 
 
 async def test_writes_outside_the_working_directory_fail_and_inside_succeed(
     executor: CodeExecutor, workdir: Path, tmp_path: Path
 ) -> None:
     outside = tmp_path / "escaped.txt"
-    await fails(executor, f"open({str(outside)!r}, 'w').write('x')", "OSError")
+    await fails(executor, f"open({str(outside)!r}, 'w').write('x')", ("OSError", "FileNotFoundError"))
     await fails(executor, "open('/usr/escaped.txt', 'w').write('x')", ("OSError", "PermissionError"))
     assert not outside.exists()
     await executor.execute("open('written.txt', 'w').write('inside')")
@@ -179,8 +221,13 @@ async def test_ipython_and_jupyter_folders_are_private(executor: CodeExecutor) -
     )
     ipython_dir, data_dir = str((await executor.execute(code)).text).split()
     assert "ipybox-jupyter-" in ipython_dir and "ipybox-jupyter-" in data_dir
-    startup = "import os\nos.makedirs(os.path.expanduser('~/.ipython/profile_default/startup'))"
-    await fails(executor, startup, ("OSError", "PermissionError"))
+    # The home folder the kernel sees is an empty one of its own: what it writes there stays in it.
+    startup = (
+        "import os\nos.makedirs(os.path.expanduser('~/.ipython/profile_default/startup'), exist_ok=True)"
+    )
+    with contextlib.suppress(CodeExecutionError):
+        await executor.execute(startup)
+    assert not (Path(os.environ["HOME"]) / ".ipython").exists()
 
 
 async def test_the_gateway_imports_nothing_the_kernel_planted(executor: CodeExecutor, workdir: Path) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import secrets
 import shutil
-import tempfile
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -96,11 +95,13 @@ class CodeExecutor:
         approval_timeout: Seconds to wait for each approval decision.
         connect_timeout: Seconds to wait for an MCP server to start.
         sandbox: Run the kernel inside Anthropic's sandbox-runtime (``srt``): no network but the
-            tool server, no reading of ``.env`` or credential stores, writes only to the working
-            directory, IPython's and Jupyter's folders and a private temporary folder, and the
+            tool server, no Unix socket of the host, nothing of the home folder but the working
+            directory and the kernel's Python, no ``.env``; writes only to the working directory
+            (never to ``.git``, editor and agent configuration) and private folders, and the
             application's processes out of sight. See the README's sandbox section.
-        sandbox_config: Path of an srt settings file that replaces the default settings; the
-            trusted registry stays unwritable and the tool server reachable whatever it says.
+        sandbox_config: Path of an srt settings file that replaces the default settings (needs
+            ``sandbox=True``); the fixed rules (protected names, the trusted registry, credential
+            files, the tool server reachable) hold whatever it says.
         log_level: Log level of the tool server and kernel gateway.
         approve_tool_calls: Whether MCP tool calls wait for approval; ``False`` lets them run
             unasked (shell commands still ask with ``approve_shell_cmds``).
@@ -154,6 +155,11 @@ class CodeExecutor:
         spare_kernel: bool = True,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
     ) -> None:
+        if sandbox_config is not None and not sandbox:
+            raise ValueError(
+                f"sandbox_config={str(sandbox_config)!r} was given without sandbox=True; the kernel would run "
+                "unsandboxed. Pass sandbox=True as well, or drop sandbox_config."
+            )
         if max_result_size <= 0:
             raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
         self.tool_server_host = tool_server_host
@@ -212,14 +218,9 @@ class CodeExecutor:
         gateway_token = secrets.token_urlsafe(32)
         approval_secret = secrets.token_urlsafe(32)
         async with AsyncExitStack() as stack:
-            # A sandboxed kernel has no network: it reaches the tool server through a Unix socket.
-            # In the folder no sandboxed kernel can see (each gets only its own socket's folder
-            # back), so a kernel reaches no other executor's tool server.
-            socket_dir = (
-                Path(tempfile.mkdtemp(prefix="ipybox-tools-", dir=_sandbox.private_base()))
-                if self.sandbox
-                else None
-            )
+            # A sandboxed kernel has no network: it reaches the tool server through a Unix socket,
+            # in a folder other executors' kernels cannot see.
+            socket_dir = _sandbox.tools_dir() if self.sandbox else None
             if socket_dir is not None:
                 stack.callback(shutil.rmtree, socket_dir, True)
             tool_server = ToolServer(

@@ -91,10 +91,11 @@ def test_the_gateway_process_gets_only_allow_listed_variables(
     assert "never-in-the-gateway" not in env.values()
     assert env["HOME"] == "/home/someone"
     assert env["FOR_KERNELS"] == "yes"
-    assert env["KG_ENV_PROCESS_WHITELIST"] == "FOR_KERNELS"
+    assert env["KG_ENV_PROCESS_WHITELIST"] == "FOR_KERNELS,IPYBOX_START_DIR"
     assert env["KG_AUTH_TOKEN"] == "gateway-token"
     internal = {
         "FOR_KERNELS",
+        "IPYBOX_START_DIR",
         "KG_ENV_PROCESS_WHITELIST",
         "KG_AUTH_TOKEN",
         "PYTHONUNBUFFERED",

@@ -48,7 +48,8 @@ async def test_a_sandboxed_server_contains_the_code_and_still_runs_tool_calls(wo
             "print(echo.run(echo.Params(text='through the sandbox')))\n"
             "print(attempt(lambda: open('written.txt', 'w').write('ok')))\n"
             "print(attempt(lambda: open('.env').read()))\n"
-            f"print(attempt(lambda: open({str(workspace.parent / 'outside.txt')!r}, 'w').write('x')))\n"
+            # The kernel's own Python is visible (read-only); the rest of /tmp is hidden.
+            f"print(attempt(lambda: open({str(Path(sys.prefix) / 'outside.txt')!r}, 'w').write('x')))\n"
             "import urllib.request\n"
             "print(attempt(lambda: urllib.request.urlopen('https://pypi.org/simple/', timeout=10)))\n",
         )
@@ -63,7 +64,7 @@ async def test_a_sandboxed_server_contains_the_code_and_still_runs_tool_calls(wo
             "blocked",
         ]
     assert (workspace / "written.txt").read_text() == "ok"
-    assert not (workspace.parent / "outside.txt").exists()
+    assert not (Path(sys.prefix) / "outside.txt").exists()
 
 
 @pytest.mark.timeout(300)

@@ -11,6 +11,8 @@ the kernel's environment, which `CodeExecutor` fills:
   telling it to use ``!``. Only direct calls from cell code are refused: libraries the cell
   calls, and IPython's own ``!``, still start processes. This is a Python-level
   guard: code can undo it, so it corrects an agent's habits and does not stop hostile code.
+- ``IPYBOX_START_DIR=path``: the kernel starts there (the gateway that launches it runs in a
+  folder of its own, so that no trusted process has a kernel-writable working directory).
 - ``IPYBOX_WORKING_DIR=path``: the kernel starts there, and after every cell that left it the
   working directory is put back (with a note in the cell's output).
 - ``IPYBOX_EXIT_WITH_GATEWAY=path`` (sandboxed kernels): the kernel exits when the gateway that
@@ -47,6 +49,9 @@ def load_ipython_extension(ip: Any) -> None:
     for name in _COLOUR_FORCING:
         environ.pop(name, None)
     environ.update(NO_COLOR="1", CLICOLOR="0", TERM="dumb")
+    start_dir = environ.pop("IPYBOX_START_DIR", "")
+    if start_dir:
+        os.chdir(start_dir)
     # The working directory is importable (generated `mcptools` live there), but last: what the
     # kernel's own environment installs is never shadowed by a file written in the workspace.
     if "" not in sys.path:

@@ -6,15 +6,24 @@ The gateway talks to the kernel over ZMQ ``ipc://`` sockets in a private runtime
 writable inside (srt removes the network namespace, so TCP ports opened inside are unreachable
 from outside), and the kernel reaches the tool server through a Unix socket.
 
-Settings are srt's own format. The defaults allow no network at all, hide ``.env`` and the usual
-credential stores, and allow writes only to the working directory and the private folders (which
-hold the kernel's temporary, IPython and Jupyter folders). A custom settings file replaces the
-defaults, but `sandbox_settings` always adds the rules the rest of ipybox depends on.
+Settings are srt's own format. The defaults allow no network at all, hide the home folder (but
+the working directory and the kernel's own Python), the shared folders where the host's Unix
+sockets live, ``.env`` and the credential files, and allow writes only to the working directory
+and the private folders (which hold the kernel's temporary, IPython and Jupyter folders). A custom
+settings file replaces the defaults, but `sandbox_settings` always adds the rules the rest of
+ipybox depends on: the protected names in the working directory, the credential files, the
+trusted registry, the kernel's Python and its tool socket.
+
+srt and the gateway run in a private folder, never in the working directory (`wrap`); the
+protected names missing in the working directory are held by stand-ins that ipybox makes and
+removes, however the application ends (`make_placeholders`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import os
 import shlex
@@ -22,8 +31,11 @@ import shutil
 import stat
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from ipybox.errors import SandboxUnavailableError
 
@@ -44,21 +56,55 @@ CREDENTIAL_STORES = (
     "~/.docker",
     "~/.kube",
     "~/.git-credentials",
+    "~/.config/git/credentials",
     "~/.config/gh",
     "~/.azure",
     "~/.npmrc",
     "~/.pypirc",
+    "~/.pgpass",
+    "~/.my.cnf",
     "~/.cargo/credentials",
     "~/.cargo/credentials.toml",
     "~/.password-store",
     "~/.local/share/keyrings",
+    "~/.claude.json",
     "~/.claude/.credentials.json",
+    "~/.bash_history",
+    "~/.zsh_history",
+    "~/.python_history",
+    "~/.local/share/fish/fish_history",
+    "~/.local/share/uv/credentials",
+    "~/.cache/huggingface/token",
+    "~/.huggingface/token",
+    "~/.config/doctl",
+    "~/.oci",
+    "~/.terraform.d/credentials.tfrc.json",
+    "~/.vault-token",
 )
+"""Credential files and folders in the home folder. The default settings hide the whole home
+folder; these stay hidden under a custom `sandbox_config` that opens it again."""
 
-TRUSTED_WORKSPACE_FILES = (".env", "sandbox-config.json", ".claude")
-"""Files in the working directory that trusted programs read as configuration (ipybox's `.env`,
-the plugin's sandbox settings, Claude Code's project settings): never writable by the kernel.
-While a sandboxed kernel runs, srt keeps an empty placeholder where one did not exist."""
+PROTECTED_WORKSPACE_DIRS = (".git", ".vscode", ".idea", ".claude")
+PROTECTED_WORKSPACE_FILES = (
+    ".env",
+    "sandbox-config.json",
+    ".mcp.json",
+    ".gitconfig",
+    ".gitmodules",
+    ".bashrc",
+    ".bash_profile",
+    ".zshrc",
+    ".zprofile",
+    ".profile",
+    ".ripgreprc",
+)
+"""Names in the working directory that trusted programs (git, editors, agents, shells, ipybox's
+`.env` and the plugin's sandbox settings) read as configuration or run: never writable by a
+sandboxed kernel, whether or not they exist (see `make_placeholders`)."""
+
+HIDDEN_SYSTEM_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
+"""Shared folders where the host's Unix sockets live (terminal multiplexers, agents, D-Bus) and
+other users' temporary files; the default settings hide them (the kernel has its own ``TMPDIR``)."""
 
 
 def find_srt() -> str:
@@ -102,6 +148,12 @@ def find_srt() -> str:
     return srt
 
 
+def tools_dir() -> Path:
+    """A new folder for an executor's tool server socket, private to it: inside `private_base`,
+    which every sandboxed kernel has hidden, and bound only into its own kernels."""
+    return Path(tempfile.mkdtemp(prefix=f"ipybox-tools-{os.getpid()}-", dir=private_base()))
+
+
 def private_base() -> Path:
     """The folder that holds the private folders of this user's sandboxed gateways
     (``<tmp>/ipybox-<uid>``, mode 0700). Kernels cannot read it: each sees only its own
@@ -143,16 +195,44 @@ def load_config(path: Path) -> dict[str, Any]:
 
 
 def default_settings(working_dir: Path) -> dict[str, Any]:
-    """The default settings: no network, no secrets readable, writes only where a kernel needs them."""
+    """The default settings: no network, no Unix socket of the host, nothing of the home folder but
+    the working directory and the kernel's Python, writes only where a kernel needs them."""
     home = Path.home()
+    hidden = [str(home), *HIDDEN_SYSTEM_DIRS]
+    runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime_dir:
+        hidden.append(runtime_dir)
     return {
         "network": {"allowedDomains": [], "deniedDomains": []},
         "filesystem": {
-            "denyRead": [str(working_dir / ".env"), *(str(home / p[2:]) for p in CREDENTIAL_STORES), "/run"],
+            "denyRead": [*hidden, str(working_dir / ".env")],
+            "allowRead": [str(working_dir)],
             "allowWrite": [str(working_dir)],
             "denyWrite": [],
         },
     }
+
+
+def python_paths(home: Path) -> list[str]:
+    """The folders the kernel's Python (this interpreter) imports from: its prefixes, its real
+    location and the entries of ``sys.path`` it gets without ``PYTHONPATH`` (site-packages and
+    what editable installs add). None that is the home folder or holds it."""
+    from_env = set(os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    candidates = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        str(Path(os.path.realpath(sys.executable)).parent.parent),
+        # sys.path[0] is the application's script folder (or its working directory).
+        *(entry for entry in sys.path[1:] if entry and entry not in from_env),
+    ]
+    paths: list[str] = []
+    for candidate in candidates:
+        path = Path(candidate).resolve()
+        if path.exists() and path != path.parent and not home.is_relative_to(path) and str(path) not in paths:
+            paths.append(str(path))
+    return paths
 
 
 def sandbox_settings(
@@ -165,12 +245,16 @@ def sandbox_settings(
 ) -> dict[str, Any]:
     """The settings a kernel runs under: `config` (else the defaults) plus the fixed rules.
 
+    Paths in `config` that are neither absolute nor start with ``~`` are taken relative to
+    `working_dir` (srt itself runs in a private folder, see `wrap`).
+
     Args:
         config: A custom settings object (`load_config`), or ``None`` for `default_settings`.
         working_dir: The kernel's working directory.
         private_dirs: Folders the kernel must write (ZMQ sockets, its temporary folder).
         protected: Paths never writable, whatever `config` says (the trusted registry's folder,
-            the kernel spec and these settings).
+            the kernel spec and these settings); `PROTECTED_WORKSPACE_DIRS` and
+            `PROTECTED_WORKSPACE_FILES` of `working_dir` are added.
         tool_socket: The tool server's Unix socket, kept reachable.
     """
     settings = json.loads(json.dumps(config)) if config is not None else default_settings(working_dir)
@@ -181,25 +265,37 @@ def sandbox_settings(
         network.setdefault(key, [])
     for key in ("denyRead", "allowWrite", "denyWrite"):
         filesystem.setdefault(key, [])
+    for key, paths in filesystem.items():
+        if isinstance(paths, list):
+            filesystem[key] = [_absolute(path, working_dir) for path in paths]
     # ZMQ over ipc:// and the tool server's socket are Unix sockets; srt's seccomp filter would
-    # refuse to create any, and it cannot filter by path on Linux.
+    # refuse to create any, and it cannot filter by path on Linux. Without a network namespace
+    # of its own the kernel still reaches only sockets it can see (abstract ones stay behind).
     network["allowAllUnixSockets"] = True
-    write = filesystem.setdefault("allowWrite", [])
+    write = filesystem["allowWrite"]
     write += [str(path) for path in private_dirs if str(path) not in write]
     # Other gateways' private folders stay hidden; this kernel's own writable ones inside are
     # bound back by allowWrite (an allowRead there would bind them read-only).
-    deny_read = filesystem.setdefault("denyRead", [])
-    base = str(private_base())
-    if base not in deny_read:
-        deny_read.append(base)
-    deny_write = filesystem.setdefault("denyWrite", [])
-    deny_write += [str(path) for path in protected if str(path) not in deny_write]
-    if tool_socket is not None:
-        # A denyRead covering the socket's folder would hide it; allowRead wins over denyRead.
-        allow_read = filesystem.setdefault("allowRead", [])
-        if str(tool_socket.parent) not in allow_read:
-            allow_read.append(str(tool_socket.parent))
+    deny_read = filesystem["denyRead"]
+    for path in [str(private_base()), *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES)]:
+        if path not in deny_read:
+            deny_read.append(path)
+    deny_write = filesystem["denyWrite"]
+    workspace = [working_dir / name for name in (*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES)]
+    deny_write += [str(path) for path in [*protected, *workspace] if str(path) not in deny_write]
+    # The kernel cannot start without its own Python (a config may hide the home folder it is
+    # in), nor without the tool server's socket; allowRead wins over denyRead.
+    allow_read = filesystem.setdefault("allowRead", [])
+    for path in [*python_paths(Path.home()), *([str(tool_socket.parent)] if tool_socket else [])]:
+        if path not in allow_read:
+            allow_read.append(path)
     return settings
+
+
+def _absolute(path: object, working_dir: Path) -> object:
+    if not isinstance(path, str) or path.startswith(("/", "~")):
+        return path
+    return str(working_dir / path)
 
 
 async def check(srt: str, settings_file: Path, tmp_dir: Path, cwd: Path, timeout: float = 30) -> None:
@@ -238,12 +334,242 @@ async def check(srt: str, settings_file: Path, tmp_dir: Path, cwd: Path, timeout
         )
 
 
-def wrap(srt: str, settings_file: Path, argv: list[str], tmp_dir: Path) -> list[str]:
-    """The command that runs `argv` inside srt under `settings_file`, with `tmp_dir` as ``TMPDIR``.
+def nested_protected(working_dir: Path, depth: int = 3) -> list[Path]:
+    """The protected names (`PROTECTED_WORKSPACE_DIRS`, `PROTECTED_WORKSPACE_FILES`) found in the
+    subfolders of `working_dir`, down to `depth` levels as srt looks for them, without following
+    links or entering ``node_modules``. Those in `working_dir` itself are always protected."""
+    names = {*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES}
+    found: list[Path] = []
+    folders = [working_dir]
+    for level in range(depth):
+        deeper: list[Path] = []
+        for folder in folders:
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                if entry.name in names:
+                    if level > 0:
+                        found.append(Path(entry.path))
+                elif entry.name != "node_modules" and entry.is_dir(follow_symlinks=False):
+                    deeper.append(Path(entry.path))
+        folders = deeper
+    return found
 
-    srt joins its arguments into one shell command without quoting them, so `argv` is quoted
-    here and given as ``-c``; ``exec`` leaves no shell between srt and the kernel. srt points
-    ``TMPDIR`` at a folder of its own, which need not exist: it is set again for the kernel.
+
+def wrap(srt: str, settings_file: Path, argv: list[str], tmp_dir: Path, working_dir: Path) -> list[str]:
+    """The command that runs `argv` inside srt under `settings_file`, in `working_dir`, with
+    `tmp_dir` as ``TMPDIR``.
+
+    srt itself starts in a private folder (the gateway's), never in the working directory: it
+    reads its working directory to choose what to protect and runs ``rg`` there. The kernel
+    changes to `working_dir` inside the sandbox. srt joins its arguments into one shell command
+    without quoting them, so `argv` is quoted here and given as ``-c``; ``exec`` leaves no shell
+    between srt and the kernel. srt points ``TMPDIR`` at a folder of its own, which need not
+    exist: it is set again for the kernel.
     """
-    command = f"TMPDIR={shlex.quote(str(tmp_dir))} exec {shlex.join(argv)}"
+    command = (
+        f"cd {shlex.quote(str(working_dir))} && TMPDIR={shlex.quote(str(tmp_dir))} exec {shlex.join(argv)}"
+    )
     return [srt, "--settings", str(settings_file), "-c", command]
+
+
+_JOURNAL = "placeholders.json"
+_GATEWAY_LOCK = "runtime/gateway.lock"
+
+
+def make_placeholders(working_dir: Path, private_dir: Path) -> None:
+    """Put an empty read-only stand-in where a protected name is missing in `working_dir`.
+
+    bwrap can protect only a path that exists: for a missing one srt would create an empty file
+    itself and remove it when it exits normally, which leaves it behind when srt is killed and,
+    with two kernels sharing a working directory, removes it under the other's sandbox (whose
+    protection then goes). ipybox makes them instead (an empty folder for `PROTECTED_WORKSPACE_DIRS`,
+    which git and editors pass over, an empty file for the rest), records each with its device and
+    inode in a journal in `private_dir`, and removes them when the gateway stops
+    (`remove_placeholders`) or, after the application was killed, at the next start of any
+    sandboxed gateway of the user (`sweep`). A placeholder another live gateway recorded is shared,
+    and removed by the last one. Every access is relative to a descriptor of `working_dir`, and
+    links are never followed.
+    """
+    with _locked():
+        journal: dict[str, Any] = {
+            "pid": os.getpid(),
+            "created": _create_time(os.getpid()),
+            "dir": str(working_dir),
+            "names": {},
+        }
+        shared = {tuple(e) for other in _journals() if _owner_alive(other) for e in _entries(other)}
+        try:
+            fd = os.open(working_dir, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError:
+            return  # no working directory yet: the kernel's start fails and says so
+        try:
+            info = os.fstat(fd)
+            journal["dev"], journal["ino"] = info.st_dev, info.st_ino
+            names: dict[str, list[int]] = {}
+            missing = [
+                n for n in (*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES) if not _exists(n, fd)
+            ]
+            for name in PROTECTED_WORKSPACE_DIRS + PROTECTED_WORKSPACE_FILES:
+                if name not in missing:
+                    found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    if (info.st_dev, info.st_ino, found.st_dev, found.st_ino) in shared:
+                        names[name] = [found.st_dev, found.st_ino]
+            journal["names"] = names
+            for name in missing:
+                # Writable on the host, bound read-only into the sandbox: srt takes an empty
+                # read-only file for a mount point of its own, and removes it when it exits.
+                try:
+                    if name in PROTECTED_WORKSPACE_DIRS:
+                        os.mkdir(name, 0o755, dir_fd=fd)
+                    else:
+                        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                        os.close(os.open(name, flags, 0o644, dir_fd=fd))
+                except FileExistsError:
+                    continue  # made by someone else meanwhile: theirs
+                made = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                names[name] = [made.st_dev, made.st_ino]
+            _write_journal(private_dir / _JOURNAL, journal)
+        finally:
+            os.close(fd)
+
+
+def remove_placeholders(private_dir: Path) -> None:
+    """Remove the placeholders `make_placeholders` recorded in `private_dir` (those still empty,
+    and not shared with another live gateway), then the journal."""
+    with _locked():
+        _remove(private_dir)
+
+
+def sweep() -> None:
+    """Clean up after this user's gateways whose application was killed: their placeholders in
+    working directories and their private folders."""
+    base = private_base()
+    with _locked():
+        for folder in base.glob("ipybox-jupyter-*"):
+            journal = _read_journal(folder / _JOURNAL)
+            if journal is not None and not _owner_alive(journal):
+                _remove(folder)
+                shutil.rmtree(folder, ignore_errors=True)
+        for folder in base.glob("ipybox-tools-*"):
+            pid = folder.name.split("-")[2]
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove(private_dir: Path) -> None:
+    journal = _read_journal(private_dir / _JOURNAL)
+    if journal is None:
+        return
+    others = [j for j in _journals() if j["_path"] != str(private_dir / _JOURNAL)]
+    shared = {tuple(e) for other in others if _owner_alive(other) for e in _entries(other)}
+    try:
+        fd = os.open(journal["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        fd = -1
+    try:
+        if fd >= 0 and (os.fstat(fd).st_dev, os.fstat(fd).st_ino) == (journal.get("dev"), journal.get("ino")):
+            for name, entry in journal.get("names", {}).items():
+                if (journal["dev"], journal["ino"], *entry) not in shared:
+                    _remove_one(fd, name, entry)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    with contextlib.suppress(OSError):
+        (private_dir / _JOURNAL).unlink()
+
+
+def _remove_one(fd: int, name: str, entry: list[int]) -> None:
+    """Remove `name` if it is still the empty stand-in made for it (the recorded inode)."""
+    try:
+        found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return
+    if [found.st_dev, found.st_ino] != entry:
+        return  # replaced since: not ours
+    with contextlib.suppress(OSError):
+        if stat.S_ISDIR(found.st_mode):
+            os.rmdir(name, dir_fd=fd)  # only an empty folder goes
+        elif stat.S_ISREG(found.st_mode) and found.st_size == 0:
+            os.unlink(name, dir_fd=fd)
+
+
+def _exists(name: str, fd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _entries(journal: dict[str, Any]) -> list[tuple[int, int, int, int]]:
+    names: dict[str, list[int]] = journal.get("names", {})
+    return [(journal["dev"], journal["ino"], *entry) for entry in names.values()]
+
+
+def _journals() -> list[dict[str, Any]]:
+    found = []
+    for path in private_base().glob(f"ipybox-jupyter-*/{_JOURNAL}"):
+        journal = _read_journal(path)
+        if journal is not None:
+            journal["_path"] = str(path)
+            found.append(journal)
+    return found
+
+
+def _read_journal(path: Path) -> dict[str, Any] | None:
+    try:
+        journal = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return journal if isinstance(journal, dict) and "dev" in journal else None
+
+
+def _write_journal(path: Path, journal: dict[str, Any]) -> None:
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(journal))
+    partial.replace(path)
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def _owner_alive(journal: dict[str, Any]) -> bool:
+    """Whether the application that wrote `journal`, or its gateway, still runs."""
+    created = journal.get("created")
+    if (
+        isinstance(journal.get("pid"), int)
+        and created is not None
+        and _create_time(journal["pid"]) == created
+    ):
+        return True
+    # The gateway holds this lock for its whole life (and sandboxed kernels end with it).
+    lock = Path(journal.get("_path", "")).parent / _GATEWAY_LOCK
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """One process at a time makes, removes or sweeps this user's placeholders."""
+    fd = os.open(private_base() / "placeholders.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

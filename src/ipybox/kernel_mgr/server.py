@@ -88,6 +88,11 @@ class KernelGateway:
         memory_limit: int | str | None = None,
         max_processes: int | None = None,
     ) -> None:
+        if sandbox_config is not None and not sandbox:
+            raise ValueError(
+                f"sandbox_config={str(sandbox_config)!r} was given without sandbox=True; the kernel would run "
+                "unsandboxed. Pass sandbox=True as well, or drop sandbox_config."
+            )
         if max_processes is not None and max_processes < 16:
             raise ValueError(
                 f"max_processes must be at least 16 (a kernel runs several threads), not {max_processes!r}."
@@ -205,8 +210,16 @@ class KernelGateway:
         self._log_tail.clear()
         self._announced = asyncio.Event()
         where = _sandbox.private_base() if self.sandbox else None
+        if self.sandbox:
+            _sandbox.sweep()
         self._jupyter_dir = Path(tempfile.mkdtemp(prefix="ipybox-jupyter-", dir=where))
+        # The gateway, and srt which it starts, run in a folder of their own that kernels cannot
+        # write; kernels change to the working directory themselves.
+        start_dir = self._jupyter_dir / "start"
         try:
+            start_dir.mkdir()
+            if self.sandbox:
+                _sandbox.make_placeholders(self.working_dir, self._jupyter_dir)
             self._write_kernel_spec(self._jupyter_dir)
             self._process = await asyncio.create_subprocess_exec(
                 *self._command(),
@@ -216,9 +229,11 @@ class KernelGateway:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 env=self._gateway_env(),
-                cwd=self.working_dir,
+                cwd=start_dir,
             )
         except BaseException:
+            if self.sandbox:
+                _sandbox.remove_placeholders(self._jupyter_dir)
             shutil.rmtree(self._jupyter_dir, ignore_errors=True)
             self._jupyter_dir = None
             raise
@@ -227,9 +242,7 @@ class KernelGateway:
         # A sandbox that cannot start is found while the gateway starts, not by a kernel that never answers.
         check = (
             asyncio.create_task(
-                _sandbox.check(
-                    self._srt, jupyter_dir / "srt-settings.json", jupyter_dir / "tmp", self.working_dir
-                )
+                _sandbox.check(self._srt, jupyter_dir / "srt-settings.json", jupyter_dir / "tmp", start_dir)
             )
             if self.sandbox
             else None
@@ -271,6 +284,9 @@ class KernelGateway:
             if process.stdin is not None:
                 process.stdin.close()
             if self._jupyter_dir is not None:
+                if self.sandbox:
+                    # The kernels are gone: nothing binds the placeholders any more.
+                    _sandbox.remove_placeholders(self._jupyter_dir)
                 shutil.rmtree(self._jupyter_dir, ignore_errors=True)
                 self._jupyter_dir = None
             if self._reader is not None:
@@ -314,11 +330,15 @@ class KernelGateway:
         env = {key: value for key, value in os.environ.items() if key in _GATEWAY_ENV_KEYS}
         assert self._jupyter_dir is not None
         kernel_env = dict(self.env)
+        # The gateway does not run in the working directory (see _start): the kernel changes to it.
+        kernel_env["IPYBOX_START_DIR"] = str(self.working_dir)
         if self.sandbox:
             # srt (run by the gateway) and the kernel keep their temporary files, srt's proxy
             # sockets among them, in the private folder that goes away with the gateway.
             kernel_env["TMPDIR"] = str(self._jupyter_dir / "tmp")
             kernel_env.setdefault("MPLCONFIGDIR", str(self._jupyter_dir / "tmp" / "matplotlib"))
+            # Caches (fontconfig's among them) would go to the home folder, which is hidden.
+            kernel_env.setdefault("XDG_CACHE_HOME", str(self._jupyter_dir / "tmp" / "cache"))
             # IPython's and Jupyter's folders are private too: startup files or kernel specs
             # written to the user's own would run unsandboxed in the user's other sessions.
             kernel_env["IPYTHONDIR"] = str(self._jupyter_dir / "tmp" / "ipython")
@@ -380,8 +400,8 @@ class KernelGateway:
             self._sandbox_config,
             working_dir=self.working_dir,
             private_dirs=private,
-            # Besides ipybox's own files: what trusted programs read from the working directory
-            # as configuration (srt blocks creating them too).
+            # srt looks for the protected names from its own working directory, which is not the
+            # kernel's: those in subfolders are found here (the working directory's own are fixed).
             protected=[
                 registry_dir,
                 *(
@@ -391,7 +411,7 @@ class KernelGateway:
                 ),
                 jupyter_dir / "kernels",
                 settings_file,
-                *(self.working_dir / name for name in _sandbox.TRUSTED_WORKSPACE_FILES),
+                *_sandbox.nested_protected(self.working_dir),
             ],
             tool_socket=Path(socket) if socket else None,
         )
@@ -403,7 +423,7 @@ class KernelGateway:
         self.kernel_readonly = tuple(
             self.working_dir / Path(path).expanduser() for path in filesystem["denyWrite"]
         )
-        return _sandbox.wrap(self._srt, settings_file, argv, jupyter_dir / "tmp")
+        return _sandbox.wrap(self._srt, settings_file, argv, jupyter_dir / "tmp", self.working_dir)
 
     async def _read_output(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
