@@ -24,11 +24,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import shlex
 import shutil
 import stat
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -215,17 +217,15 @@ def default_settings(working_dir: Path) -> dict[str, Any]:
 
 def python_paths(home: Path) -> list[str]:
     """The folders the kernel's Python (this interpreter) imports from: its prefixes, its real
-    location and the entries of ``sys.path`` it gets without ``PYTHONPATH`` (site-packages and
-    what editable installs add). None that is the home folder or holds it."""
-    from_env = set(os.environ.get("PYTHONPATH", "").split(os.pathsep))
+    location and the ``sys.path`` a fresh interpreter gets (site-packages and what editable
+    installs add; not the application's own additions). None that is the home folder or holds it."""
     candidates = [
         sys.prefix,
         sys.base_prefix,
         sys.exec_prefix,
         sys.base_exec_prefix,
         str(Path(os.path.realpath(sys.executable)).parent.parent),
-        # sys.path[0] is the application's script folder (or its working directory).
-        *(entry for entry in sys.path[1:] if entry and entry not in from_env),
+        *_kernel_sys_path(),
     ]
     paths: list[str] = []
     for candidate in candidates:
@@ -233,6 +233,26 @@ def python_paths(home: Path) -> list[str]:
         if path.exists() and path != path.parent and not home.is_relative_to(path) and str(path) not in paths:
             paths.append(str(path))
     return paths
+
+
+@functools.cache
+def _kernel_sys_path() -> tuple[str, ...]:
+    """``sys.path`` of a fresh interpreter like the kernel's (asked once per process, ~20 ms)."""
+    code = "import json, sys; print(json.dumps(sys.path[1:]))"  # [0] is the working directory
+    try:
+        answer = subprocess.run(
+            [sys.executable, "-c", code],
+            env={"PATH": os.environ.get("PATH", os.defpath)},
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        entries = json.loads(answer.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return ()
+    return tuple(entry for entry in entries if isinstance(entry, str) and entry)
 
 
 def sandbox_settings(
