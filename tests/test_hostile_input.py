@@ -303,6 +303,17 @@ async def test_a_client_without_the_token_is_answered_before_it_sends_a_body() -
         assert await runner.run("echo", {"text": "next"}) == "next"
 
 
+async def test_a_body_that_trickles_is_cut_off_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tool_server_module, "_BODY_TIMEOUT", 1.0, raising=False)
+    async with ToolServer(port=0, log_level="WARNING", token="secret") as server:
+        # The right token, 100 bytes announced, 10 sent, then nothing.
+        head = b"POST /run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\nContent-Length: 100\r\n\r\n"
+        answer = await raw_exchange(server.port, head, b'{"server_n')
+        assert answer.startswith(b"HTTP/1.1 408") and b"did not arrive within 1 s" in answer, answer
+        runner = ToolRunner("demo", DEMO, port=server.port, token="secret")
+        assert await runner.run("echo", {"text": "next"}) == "next"
+
+
 async def test_a_huge_request_head_is_refused() -> None:
     async with ToolServer(port=0, log_level="WARNING") as server:
         head = b"GET /status HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"p" * (1024 * 1024) + b"\r\n\r\n"
@@ -315,8 +326,8 @@ async def test_a_huge_request_head_is_refused() -> None:
 async def test_stalled_connections_are_dropped_and_hold_no_descriptors(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(tool_server_module, "_HEAD_TIMEOUT", 1.0)
-    monkeypatch.setattr(tool_server_module, "_MAX_CONNECTIONS", 50)
+    monkeypatch.setattr(tool_server_module, "_HEAD_TIMEOUT", 1.0, raising=False)
+    monkeypatch.setattr(tool_server_module, "_MAX_CONNECTIONS", 50, raising=False)
     process = psutil.Process()
     async with ToolServer(port=0, log_level="WARNING") as server:
         before = process.num_fds()
@@ -421,7 +432,7 @@ async def test_a_huge_answer_over_stdio_is_refused_while_it_is_read() -> None:
 async def test_an_answer_that_trickles_forever_is_abandoned(
     hostile_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_mcp, "_ANSWER_DEADLINE", 2.0)
+    monkeypatch.setattr(_mcp, "_ANSWER_DEADLINE", 2.0, raising=False)
     async with ToolServer(port=0, log_level="WARNING") as server:
         runner = ToolRunner("hostile", {"url": hostile_url}, port=server.port)
         with pytest.raises(ToolRunnerError, match="did not arrive whole within 2 s"):

@@ -15,3 +15,30 @@ def test_escape_sequences_split_across_chunks_are_removed_whole(cuts: list[int])
     pieces = [text[start:end] for start, end in zip([0, *points], [*points, len(text)], strict=True)]
     stripper = _AnsiStripper()
     assert "".join(stripper.feed(piece) for piece in pieces) == "ared blink cde"
+
+
+def test_kept_text_is_whole_up_to_its_limit_and_else_its_head_and_tail() -> None:
+    import random
+
+    from ipybox.kernel_mgr.client import _KeptText
+    from ipybox.mcp_server._output import KeptOutput
+
+    rng = random.Random(7)
+    for _ in range(300):
+        limit = rng.randint(2, 60)
+        chunks = [
+            "".join(rng.choice("abc\n") for _ in range(rng.randint(0, 25))) for _ in range(rng.randint(0, 12))
+        ]
+        whole = "".join(chunks)
+        for kept in (_KeptText(limit), KeptOutput(limit)):
+            for chunk in chunks:
+                kept.append(chunk)
+            text = kept.text()
+            if len(whole) <= limit:
+                assert text == whole
+            else:
+                head, tail = limit // 2, limit - limit // 2
+                dropped = len(whole) - limit
+                assert text.startswith(whole[:head]) and text.endswith(whole[len(whole) - tail :])
+                assert f"{dropped} characters" in text
+                assert len(text) < limit + 200

@@ -379,7 +379,7 @@ async def test_an_image_corrupted_after_it_was_saved_is_reported_not_a_server_er
         "print('corrupted')\n"
     )
     shown = await run(client, code)
-    assert "corrupted" in text_of(shown) and "is not shown: it is not an image" in text_of(shown), text_of(
-        shown
+    assert "corrupted" in text_of(shown) and "is not shown: it could not be decoded" in text_of(shown), (
+        text_of(shown)
     )
     assert not [c for c in shown.content if isinstance(c, types.ImageContent)]

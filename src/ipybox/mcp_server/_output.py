@@ -123,14 +123,14 @@ def scaled_png(data: bytes, max_side: int = MAX_IMAGE_SIDE) -> str:
     """The PNG `data` as base64, scaled down so its longer side is at most `max_side`.
 
     Blocking and CPU-bound: run it in a worker thread. An image within `max_side` is passed on
-    as it is, without being decoded; so is a small one that cannot be decoded for scaling (other
-    viewers may show what Pillow refuses, e.g. a bad ancillary chunk).
+    as it is, without being decoded; so is a PNG file of at most 4 MiB that Pillow cannot
+    decode (other viewers may show what Pillow refuses, e.g. a bad ancillary chunk).
 
     Raises:
-        ImageSkipped: The file is not an image, has more than `MAX_IMAGE_PIXELS` pixels, or
-            cannot be decoded and is too large to pass on unscaled.
+        ImageSkipped: The image has more than `MAX_IMAGE_PIXELS` pixels, or cannot be decoded
+            and is not a PNG file small enough to pass on unscaled.
     """
-    from PIL import Image, UnidentifiedImageError  # imported on first image: Pillow is not needed before
+    from PIL import Image  # imported on first image: Pillow is not needed before
 
     try:
         with Image.open(io.BytesIO(data)) as image:
@@ -142,21 +142,23 @@ def scaled_png(data: bytes, max_side: int = MAX_IMAGE_SIDE) -> str:
                     f"it is {width} x {height} pixels, more than the {MAX_IMAGE_PIXELS} pixels ipybox scales; "
                     "save a smaller figure"
                 )
-            try:
-                image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
-                buffer = io.BytesIO()
-                image.save(buffer, format="PNG", optimize=True)
-            except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-                if len(data) > _MAX_UNSCALED_BYTES:
-                    raise ImageSkipped(
-                        f"it could not be decoded to scale it ({exc}) and is too large to pass on"
-                    ) from exc
-                return base64.b64encode(data).decode("ascii")
-    except (UnidentifiedImageError, Image.DecompressionBombError) as exc:
-        raise ImageSkipped(f"it is not an image ipybox can read ({exc})") from exc
-    except OSError as exc:
-        raise ImageSkipped(f"it could not be read ({exc})") from exc
+            image.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+            buffer = io.BytesIO()
+            image.save(buffer, format="PNG", optimize=True)
+    except Image.DecompressionBombError as exc:
+        raise ImageSkipped(f"it has too many pixels to scale ({exc})") from exc
+    except (OSError, SyntaxError, ValueError) as exc:  # UnidentifiedImageError is an OSError
+        return _unscaled(data, exc)
     return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _unscaled(data: bytes, error: BaseException) -> str:
+    """A PNG that could not be decoded, as base64 if it is small enough to pass on as it is."""
+    if len(data) > _MAX_UNSCALED_BYTES or not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise ImageSkipped(
+            f"it could not be decoded ({error}) and is not a small PNG file to pass on as it is"
+        )
+    return base64.b64encode(data).decode("ascii")
 
 
 class KeptOutput:
