@@ -262,6 +262,7 @@ def sandbox_settings(
     private_dirs: list[Path],
     protected: list[Path],
     tool_socket: Path | None,
+    readable: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
     """The settings a kernel runs under: `config` (else the defaults) plus the fixed rules.
 
@@ -276,6 +277,9 @@ def sandbox_settings(
             the kernel spec and these settings); `PROTECTED_WORKSPACE_DIRS` and
             `PROTECTED_WORKSPACE_FILES` of `working_dir` are added.
         tool_socket: The tool server's Unix socket, kept reachable.
+        readable: Folders the kernel imports from besides its own Python (the ``PYTHONPATH`` the
+            application gave it), readable even where the defaults hide their parent; writable
+            only if the settings say so elsewhere.
     """
     settings = json.loads(json.dumps(config)) if config is not None else default_settings(working_dir)
     network = settings.setdefault("network", {})
@@ -306,7 +310,8 @@ def sandbox_settings(
     # The kernel cannot start without its own Python (a config may hide the home folder it is
     # in), nor without the tool server's socket; allowRead wins over denyRead.
     allow_read = filesystem.setdefault("allowRead", [])
-    for path in [*python_paths(Path.home()), *([str(tool_socket.parent)] if tool_socket else [])]:
+    extra = [str(path) for path in readable]
+    for path in [*python_paths(Path.home()), *extra, *([str(tool_socket.parent)] if tool_socket else [])]:
         if path not in allow_read:
             allow_read.append(path)
     return settings

@@ -74,7 +74,11 @@ class Settings:
         if self.sandbox:
             # Packages installed under the sandbox live where only the kernel looks, and only the
             # trusted installer writes (see _install).
-            env["PYTHONPATH"] = str(packages_dir(self.workspace))
+            # The folder exists before the first kernel starts, so the sandbox binds it in
+            # (read-only) and packages installed later are importable at once.
+            folder = packages_dir(self.workspace)
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            env["PYTHONPATH"] = str(folder)
         return env
 
     def executor(self) -> CodeExecutor:
