@@ -306,3 +306,38 @@ async def test_two_executors_in_one_project_keep_each_others_protection(project:
             first, "open('.claude', 'w').write('{}')", "OSError", "PermissionError", "IsADirectoryError"
         )
     assert sorted(os.listdir(project)) == ["main.py"]
+
+
+async def test_the_working_directory_cannot_be_made_a_bare_repository_nor_other_agents_configured(
+    project: Path,
+) -> None:
+    """Found by an attack review: with ``.git`` held by an empty stand-in, git took the working
+    directory itself for a bare repository the kernel wrote (``HEAD``, ``objects``, ``refs``,
+    ``config`` with ``core.worktree`` and ``core.fsmonitor``) and ran its fsmonitor command on
+    the host's next ``git status``. Other agents' configuration folders and a ``.env`` in a
+    folder above the working directory were open too."""
+    marker = project.parent / "pwned-bare"
+    (project.parent / ".env").write_text("PARENT_SECRET=s3cret\n")
+    config = f"[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = .\\n\\tfsmonitor = touch {marker}; false\\n"
+    bare = (
+        "import os\n"
+        "os.makedirs('objects', exist_ok=True)\n"
+        "os.makedirs('refs/heads', exist_ok=True)\n"
+        f"open('config', 'w').write({config!r})\n"
+        "open('HEAD', 'w').write('ref: refs/heads/main\\n')\n"
+    )
+    async with CodeExecutor(sandbox=True, working_dir=project) as ex:
+        await fails(ex, bare, "OSError", "PermissionError")
+        for code in [
+            "import os\nos.makedirs('.cursor', exist_ok=True)\nopen('.cursor/mcp.json', 'w').write('{}')",
+            "import os\nos.makedirs('.gemini', exist_ok=True)\nopen('.gemini/settings.json', 'w').write('{}')",
+            "import os\nos.makedirs('.husky', exist_ok=True)\nopen('.husky/pre-commit', 'w').write('id')",
+            "open('../.env').read()",
+        ]:
+            await fails(ex, code, "OSError", "PermissionError", "FileNotFoundError")
+    git = await asyncio.create_subprocess_exec(
+        "git", "-C", str(project), "status", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    await git.wait()
+    assert not marker.exists()
+    assert not (project / "HEAD").exists() and not (project / ".cursor").exists()

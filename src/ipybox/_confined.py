@@ -63,6 +63,14 @@ PROTECTED_NAMES = frozenset(
         ".git",
         ".vscode",
         ".idea",
+        ".cursor",
+        ".gemini",
+        ".roo",
+        ".amazonq",
+        ".windsurf",
+        ".codex",
+        ".continue",
+        ".husky",
     }
 )
 """Names (of a file or a folder, at any depth, compared without case) that the trusted side

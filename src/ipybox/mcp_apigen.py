@@ -52,7 +52,7 @@ async def generate_mcp_sources(
     ``root_dir/<server_name>/`` if it exists and writes the package anew. The server is
     recorded in the tool server's trusted registry under ``server_name`` and ``root_dir``
     (placeholders unresolved): a `CodeExecutor` runs it only when ``root_dir`` is its working
-    directory or lies below it. The generated files hold neither the parameters nor any secret.
+    directory or is a folder directly in it (`mcptools/`). The generated files hold neither the parameters nor any secret.
 
     A tool whose schema cannot be compiled is left out and named in a warning logged on
     ``ipybox.mcp_apigen``; the other tools are generated. A module is named after its

@@ -87,7 +87,7 @@ def test_bad_registrations_are_refused(name: str, params: object) -> None:
         ServerRegistry().register(name, params)  # type: ignore[arg-type]
 
 
-def test_a_scope_sees_only_servers_whose_api_lies_at_or_below_it(tmp_path: Path) -> None:
+def test_a_scope_sees_only_servers_whose_api_lies_in_it(tmp_path: Path) -> None:
     registry = ServerRegistry()
     one, two = tmp_path / "one", tmp_path / "two"
     registry.register("a", {"command": "in-one"}, one / "mcptools")
@@ -96,6 +96,12 @@ def test_a_scope_sees_only_servers_whose_api_lies_at_or_below_it(tmp_path: Path)
     assert registry.lookup("a", one) == {"command": "in-one"}
     assert registry.lookup("a", two) == {"command": "in-two"}
     assert registry.lookup("a", tmp_path / "three") is None
+    # An application started in a parent folder reaches none of the projects' servers inside it.
+    assert registry.lookup("a", tmp_path) is None
+    registry.register("deep", {"command": "deep"}, one / "sub" / "mcptools")
+    assert registry.lookup("deep", one) is None and registry.lookup("deep", one / "sub") == {
+        "command": "deep"
+    }
     # An unscoped registration is for standalone tool servers only.
     assert registry.lookup("plain", one) is None and registry.lookup("plain") == {"command": "unscoped"}
     # Without a scope the latest registration of a name wins.

@@ -86,7 +86,22 @@ CREDENTIAL_STORES = (
 """Credential files and folders in the home folder. The default settings hide the whole home
 folder; these stay hidden under a custom `sandbox_config` that opens it again."""
 
-PROTECTED_WORKSPACE_DIRS = (".git", ".vscode", ".idea", ".claude")
+PROTECTED_WORKSPACE_DIRS = (
+    ".git",
+    ".vscode",
+    ".idea",
+    ".claude",
+    # Other agents' project configuration (MCP server commands among it) and hook folders that
+    # git runs from the work tree.
+    ".cursor",
+    ".gemini",
+    ".roo",
+    ".amazonq",
+    ".windsurf",
+    ".codex",
+    ".continue",
+    ".husky",
+)
 PROTECTED_WORKSPACE_FILES = (
     ".env",
     "sandbox-config.json",
@@ -99,6 +114,11 @@ PROTECTED_WORKSPACE_FILES = (
     ".zprofile",
     ".profile",
     ".ripgreprc",
+    # Without a writable HEAD the working directory cannot be made into a bare repository whose
+    # config (core.fsmonitor, core.hooksPath) git on the host would follow.
+    "HEAD",
+    ".pre-commit-config.yaml",
+    "lefthook.yml",
 )
 """Names in the working directory that trusted programs (git, editors, agents, shells, ipybox's
 `.env` and the plugin's sandbox settings) read as configuration or run: never writable by a
@@ -301,7 +321,10 @@ def sandbox_settings(
     # Other gateways' private folders stay hidden; this kernel's own writable ones inside are
     # bound back by allowWrite (an allowRead there would bind them read-only).
     deny_read = filesystem["denyRead"]
-    for path in [str(private_base()), *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES)]:
+    # The `.env` files of the folders above the working directory hold secrets too (a project
+    # whose kernel works in a subfolder); only existing ones, so that srt leaves no stand-ins there.
+    parent_env = [str(folder / ".env") for folder in working_dir.parents if (folder / ".env").is_file()]
+    for path in [str(private_base()), *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES), *parent_env]:
         if path not in deny_read:
             deny_read.append(path)
     deny_write = filesystem["denyWrite"]

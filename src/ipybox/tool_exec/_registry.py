@@ -3,7 +3,7 @@
 The application records a server here (``generate_mcp_sources`` does it when it generates a
 server's API, together with the folder it wrote the API into); the tool server of a
 ``CodeExecutor`` then starts only servers found here, by name, among those whose API lies in its
-working directory or below it, and never takes server parameters from a request. Parameters are stored exactly as
+working directory (or a folder directly in it, such as ``mcptools/``), and never takes server parameters from a request. Parameters are stored exactly as
 given, ``${VAR}`` placeholders unreplaced, so no secret value is written to disk.
 
 The file lives in the user's state directory (``$IPYBOX_STATE_DIR``, else
@@ -50,7 +50,7 @@ class ServerRegistry:
 
     ``generate_mcp_sources`` records a server together with the folder it wrote the server's
     package into (its ``root_dir``); the tool server of a ``CodeExecutor`` runs a server only
-    when that folder is the executor's working directory or lies below it, so the kernel of one
+    when that folder is the executor's working directory or a folder directly in it (``mcptools/``), so the kernel of one
     application cannot call, by name, a server another application registered. A server
     registered without a folder is found only by a tool server without a scope (standalone use).
 
@@ -125,8 +125,8 @@ class ServerRegistry:
 
         Args:
             server_name: The server's name.
-            scope: An executor's working directory: only servers whose API was generated there or
-                below count. ``None``: any registration, the latest of a name winning.
+            scope: An executor's working directory: only servers whose API was generated there or in
+                a folder directly in it count. ``None``: any registration, the latest of a name winning.
 
         Raises:
             OSError: The registry file exists but could not be read.
@@ -156,7 +156,7 @@ class ServerRegistry:
         if scope is None:
             view.update(self._servers)
         for root, servers in self._scoped.items():
-            if scope is None or _inside(Path(root), scope):
+            if scope is None or _importable_from(Path(root), scope):
                 view.update(servers)
         return view
 
@@ -223,5 +223,9 @@ class ServerRegistry:
             os.close(fd)
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
+def _importable_from(root: Path, working_dir: Path) -> bool:
+    """Whether an API generated into `root` belongs to a kernel in `working_dir`: `root` is that
+    folder or a folder directly in it (``mcptools/``), where the kernel imports it from. Not a
+    folder further below: an application started in a parent folder (the home folder, say) would
+    otherwise reach every server registered for the projects inside it."""
+    return root == working_dir or root.parent == working_dir

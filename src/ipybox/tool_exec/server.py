@@ -258,7 +258,7 @@ class ToolServer:
             the kernel's sandbox is known): a stdio server whose program, arguments or working
             directory lie there is refused (see the README's sandbox section).
         scope: The executor's working directory: a registered server is run only when its API was
-            generated in this folder or below it (``None``: any registered server).
+            generated in this folder or a folder directly in it (``None``: any registered server).
     """
 
     def __init__(
