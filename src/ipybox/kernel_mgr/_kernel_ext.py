@@ -58,6 +58,7 @@ def load_ipython_extension(ip: Any) -> None:
         sys.path.append("")
     _hide_marked_frames(ip)
     _count_cell_lines()
+    _bound_output_messages()
     _show_figures_of_file_backends(ip)
     _own_python_first(ip)
     working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
@@ -72,6 +73,46 @@ def load_ipython_extension(ip: Any) -> None:
         _approve_shell_commands(ip)
     if require_escape:
         _require_shell_escape(ip)
+
+
+# Output a cell writes is sent at least every this many characters, whatever the load.
+_OUTPUT_FLUSH_CHARS = 1 << 20
+
+
+def _bound_output_messages() -> None:
+    """Keep each output message of stdout and stderr near `_OUTPUT_FLUSH_CHARS`.
+
+    ipykernel collects what a cell writes and sends it from its IO thread 0.2 s later; a cell that
+    writes in a tight loop on a busy machine keeps that thread from running, and one message grew
+    past the 64 MiB the application reads (and took the kernel's state with it); so did one print of
+    that size. Writes go out in pieces of at most that size, flushed once that much is pending,
+    so the application reads each whole and keeps the cell's head and tail. (Kernel code can undo
+    this; the application then refuses the oversized message unread, as it must.)
+    """
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "pub_thread") and hasattr(stream, "flush"):
+            _flush_every(stream)
+
+
+def _flush_every(stream: Any) -> None:
+    write = stream.write
+    pending = 0
+
+    def bounded_write(text: str) -> Any:
+        nonlocal pending
+        if not isinstance(text, str):
+            return write(text)  # ipykernel's own TypeError
+        # One large write goes out in pieces too: the application keeps a cell's head and tail.
+        for start in range(0, len(text), _OUTPUT_FLUSH_CHARS):
+            piece = text[start : start + _OUTPUT_FLUSH_CHARS]
+            write(piece)
+            pending += len(piece)
+            if pending >= _OUTPUT_FLUSH_CHARS:
+                pending = 0
+                stream.flush()
+        return len(text)
+
+    stream.write = bounded_write
 
 
 def _exit_with_gateway(lock_file: str) -> None:
