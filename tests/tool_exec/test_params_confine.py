@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -154,3 +155,16 @@ def _format(value: Any, values: dict[str, str]) -> Any:
     if isinstance(value, dict):
         return {key: _format(item, values) for key, item in value.items()}
     return [_format(item, values) for item in value]
+
+
+def test_a_relative_command_is_checked_from_the_working_directory(tmp_path: Path) -> None:
+    work, outside = tmp_path / "work", tmp_path / "outside"
+    work.mkdir()
+    outside.mkdir()
+    (outside / "bin").symlink_to(work)
+    with pytest.raises(ServerParamsError, match=re.escape("its command './bin/server'")):
+        confine("s", StdioParams(command="./bin/server", cwd=str(outside)), (work,))
+    pinned = confine("s", StdioParams(command="./server", cwd=str(outside)), (work,))
+    assert Path(pinned.command) == outside / "server"
+    # Without a cwd it is left as given: the session's private folder is where it is looked for.
+    assert confine("s", StdioParams(command="./server"), (work,)).command == "./server"

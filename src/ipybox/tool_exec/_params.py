@@ -149,7 +149,8 @@ def confine(
     env_path = env.get("PATH", os.environ.get("PATH", os.defpath))
     command = params.command
     if os.sep in command:
-        command = os.path.join(base, command)
+        # A relative command is found from the working directory, the private one included.
+        command = os.path.join(params.cwd, command) if params.cwd else command
     else:
         command = shutil.which(command, path=env_path) or command
 
