@@ -3,6 +3,7 @@ kernel can write, and servers another application registered."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -62,6 +63,34 @@ async def test_a_server_script_in_the_working_directory_is_refused_and_its_rewri
     assert not marker.exists()
     message = str(info.value)
     assert "refused" in message and "sandboxed kernel can write" in message and str(work) in message
+
+
+async def test_a_script_relative_to_uv_directory_in_the_working_directory_is_refused(tmp_path: Path) -> None:
+    """The MCP docs' form for a local server, ``uv --directory DIR run SCRIPT``: SCRIPT is taken
+    from DIR, so no argument names it; DIR in the working directory is enough to refuse it."""
+    require_sandbox()
+    work, marker = tmp_path / "work", tmp_path / "pwned"
+    (work / "srv").mkdir(parents=True)
+    shutil.copy(DEMO_SERVER, work / "srv" / "demo_server.py")
+    uv = os.environ.get("UV") or shutil.which("uv")
+    assert uv, "uv is needed to start this server"
+    args = [
+        "--directory",
+        str(work / "srv"),
+        "run",
+        "--no-project",
+        "--python",
+        sys.executable,
+        "demo_server.py",
+    ]
+    await generate_mcp_sources("demo", {"command": uv, "args": args}, work / "mcptools")
+    async with CodeExecutor(sandbox=True, working_dir=work, approve_tool_calls=False) as ex:
+        await ex.execute(f"open('srv/demo_server.py', 'w').write({planted_server(marker)!r})")
+        with pytest.raises(CodeExecutionError) as info:
+            await ex.execute(CALL_ADD, timeout=60)
+    assert not marker.exists()
+    message = str(info.value)
+    assert "refused" in message and repr(str(work / "srv")) in message and '"command": "srt"' in message
 
 
 async def test_a_kernel_cannot_call_a_server_another_application_registered(tmp_path: Path) -> None:

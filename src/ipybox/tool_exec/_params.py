@@ -9,7 +9,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import shlex
 import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -24,9 +26,6 @@ __all__ = ["HttpParams", "StdioParams", "confine", "resolve_params"]
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "type"})
 _HTTP_KEYS = frozenset({"url", "headers", "type"})
-# What makes a folder a program that Python or Node runs (``python DIR``, ``node DIR``).
-_PROGRAM_MARKERS = ("__main__.py", "package.json", "index.js")
-_SCRIPT_SUFFIXES = (".py", ".pyz", ".js", ".mjs", ".cjs", ".ts", ".sh", ".jar")
 _HTTP_TYPES: dict[str, Literal["streamable_http", "sse"]] = {
     "streamable_http": "streamable_http",
     "streamable-http": "streamable_http",
@@ -113,14 +112,22 @@ def confine(
 ) -> StdioParams:
     """Refuse a stdio server that a sandboxed kernel could change, and pin its command.
 
-    A server runs outside the sandbox, so its program must not come from where the kernel can
-    write: its working directory, its command (looked up on ``PATH`` here and returned as an
-    absolute path), the ``PATH`` it gets, every argument that names a file (or a script yet to be
-    written), with the file's folder, where Python and Node look for modules first, and the
-    ``PYTHONPATH`` / ``NODE_PATH`` entries of its ``env``. A folder argument is taken as data
-    (the filesystem server's root), unless it holds ``__main__.py``, ``package.json`` or
-    ``index.js``. Links are followed: both the given and the real
-    path are checked.
+    A server runs outside the sandbox, so nothing it is given may name a place the kernel can
+    write. No guess is made about which argument is a program and which is data: the command
+    (looked up on ``PATH`` here and returned as an absolute path), the working directory (a
+    private folder in the temporary directory unless ``cwd`` is given), every ``PATH`` entry,
+    every argument and every ``env`` value are read as paths, relative ones from the working
+    directory. An argument or value also counts by its part after ``=`` (``--from=DIR``), without
+    a ``file:`` / ``file://`` / ``git+file:`` scheme, by the words of a shell string
+    (``sh -c '...'``), by each ``os.pathsep``-separated part (values) and by any absolute path
+    written inside it (``python -c "exec(open('/ws/s.py').read())"``). Links are followed: both
+    the given and the real path are checked. Paths the sandbox keeps read-only (``readonly``)
+    are fine.
+
+    The one exception: a server run by ``srt --settings FILE ...``, with ``FILE`` outside the
+    writable folders, runs in a sandbox of its own, so its arguments may name the workspace (a
+    filesystem server's data); its command, working directory, ``PATH``, ``env`` and ``FILE``
+    are still checked.
 
     Args:
         server_name: The server's name, for the message.
@@ -132,50 +139,104 @@ def confine(
         The parameters with ``command`` made absolute (when it was found).
 
     Raises:
-        ServerParamsError: A path of the server lies in a folder the kernel can write.
+        ServerParamsError: A path of the server lies in a folder the kernel can write; the message
+            names the argument or variable, the folder, and what to do.
     """
-    roots = _forms(writable)
-    carved = _forms(readonly)
-    base = params.cwd or None
-    env_path = (params.env or {}).get("PATH", os.environ.get("PATH", os.defpath))
+    roots, carved = _forms(writable), _forms(readonly)
+    env = params.env or {}
+    # Where relative paths lead: the given cwd, or else the private folder the session makes.
+    base = os.path.abspath(params.cwd or os.path.join(tempfile.gettempdir(), "ipybox-mcp-private"))
+    env_path = env.get("PATH", os.environ.get("PATH", os.defpath))
     command = params.command
     if os.sep in command:
-        command = os.path.join(base, command) if base and not os.path.isabs(command) else command
+        # A relative command is found from the working directory, the private one included.
+        command = os.path.join(params.cwd, command) if params.cwd else command
     else:
         command = shutil.which(command, path=env_path) or command
-    # A command that was not found fails to start on its own; only a found one is checked.
-    candidates: list[tuple[str, str]] = [("command", command)] if os.sep in command else []
-    if params.cwd:
-        candidates.append(("working directory", params.cwd))
-    # The server starts programs of its own from PATH (npx starts node, uvx its tools).
-    candidates += [("PATH entry", folder) for folder in env_path.split(os.pathsep) if os.path.isabs(folder)]
-    for arg in params.args:
-        path = os.path.join(base, arg) if base and not os.path.isabs(arg) else arg
-        if not os.path.isabs(path):
-            continue
-        if os.path.isdir(path):
-            # A folder is data (the filesystem server's root, say), unless it is a program.
-            if any(os.path.exists(os.path.join(path, marker)) for marker in _PROGRAM_MARKERS):
-                candidates.append(("argument", path))
-            continue
-        # A file, or a script that does not exist yet (the kernel could create it in time).
-        if os.path.exists(path) or path.endswith(_SCRIPT_SUFFIXES):
-            candidates += [("argument", path), ("folder of argument", os.path.dirname(path))]
-    for name in ("PYTHONPATH", "NODE_PATH"):
-        for entry in (params.env or {}).get(name, "").split(os.pathsep):
-            if entry:
-                candidates.append((name, entry))
-    for what, path in candidates:
-        for form in (os.path.abspath(path), os.path.realpath(path)):
-            root = next((r for r in roots if _within(form, r)), None)
-            if root is not None and not any(_within(form, r) for r in carved):
-                raise ServerParamsError(
-                    f"MCP server {server_name!r} is refused: its {what} {path} lies in {root}, which the "
-                    "sandboxed kernel can write, so code in the kernel could change what this server runs "
-                    "outside the sandbox. Move the server (and its working directory) out of the kernel's "
-                    "working directory, or run the executor with a working_dir that does not contain it."
+
+    def check(what: str, given: str, paths: Sequence[str]) -> None:
+        for path in paths:
+            for form in (
+                os.path.abspath(os.path.join(base, path)),
+                os.path.realpath(os.path.join(base, path)),
+            ):
+                root = next((r for r in roots if _within(form, r)), None)
+                if root is None or any(_within(form, r) for r in carved):
+                    continue
+                shown = f"{given!r}" if given == path else f"{given!r} (the path {path})"
+                message = (
+                    f"MCP server {server_name!r} is refused: its {what} {shown} lies in {root}, which the "
+                    "sandboxed kernel can write, so code in the kernel could change what this server runs or "
+                    "reads outside the sandbox. Move it out of the kernel's folders (keep servers, their "
+                    "files and working directory beside, not inside, the working directory), or, to give a "
+                    "server the workspace as data, run it sandboxed itself: "
+                    '{"command": "srt", "args": ["--settings", FILE, ...]} with FILE outside these folders.'
                 )
+                for secret in params.secrets:
+                    message = message.replace(secret, "***")
+                raise ServerParamsError(message)
+
+    # A command that was not found fails to start on its own; only a found one is checked.
+    if os.sep in command:
+        check("command", params.command, [command])
+    check("working directory", params.cwd or base, [base])
+    # The server starts programs of its own from PATH (npx starts node, uvx its tools).
+    check("PATH", env_path, [entry for entry in env_path.split(os.pathsep) if entry])
+    settings = _srt_settings(params.args) if os.path.basename(command) == "srt" else None
+    if settings is not None:
+        check("srt settings file", settings, [settings])
+    else:
+        for arg in params.args:
+            check("argument", arg, _paths_in(arg))
+    for name, value in env.items():
+        if name != "PATH":
+            check(
+                f"env variable {name} =",
+                value,
+                [p for part in value.split(os.pathsep) for p in _paths_in(part)],
+            )
     return replace(params, command=command) if os.path.isabs(command) else params
+
+
+# What a token may hold a path behind: a URL scheme, an option's ``=``, or any absolute path
+# written inside it (code given to ``python -c``, a quoted shell string).
+_SCHEMES = ("git+file://", "git+file:", "file://", "file:")
+_EMBEDDED_PATH = re.compile(r"(?<![\w.~-])/[^\s'\"`;,:|&<>()\[\]{}=]+")
+
+
+def _paths_in(token: str, depth: int = 0) -> list[str]:
+    """Every path ``token`` could name: itself and its parts (see :func:`confine`)."""
+    words = [token]
+    if "=" in token:
+        words.append(token.split("=", 1)[1])
+    for word in list(words):
+        for scheme in _SCHEMES:
+            if word.startswith(scheme):
+                words.append(word[len(scheme) :])
+                break
+    words += _EMBEDDED_PATH.findall(token)
+    if depth < 2 and any(c.isspace() for c in token):
+        try:
+            parts = shlex.split(token)
+        except ValueError:
+            parts = []
+        for part in parts:
+            words += _paths_in(os.path.expanduser(part), depth + 1)
+    return [word for word in words if word]
+
+
+def _srt_settings(args: Sequence[str]) -> str | None:
+    """The ``--settings`` file among srt's own options (before the command it runs), if any."""
+    index = 0
+    while index < len(args) and args[index].startswith("-"):
+        arg = args[index]
+        if arg in ("-s", "--settings") and index + 1 < len(args):
+            return args[index + 1]
+        if arg.startswith("--settings="):
+            return arg.split("=", 1)[1]
+        # srt's options that take a value; its others (-d, --debug) do not.
+        index += 2 if arg in ("-c", "--control-fd") else 1
+    return None
 
 
 def _forms(paths: Sequence[Path]) -> set[str]:
