@@ -42,10 +42,12 @@ def load_ipython_extension(ip: Any) -> None:
     for name in _COLOUR_FORCING:
         environ.pop(name, None)
     environ.update(NO_COLOR="1", CLICOLOR="0", TERM="dumb")
-    # The working directory is importable (generated `mcptools` live there), but last: what the
-    # kernel's own environment installs is never shadowed by a file written in the workspace.
+    # The working directory is importable (generated `mcptools` live there), where IPython puts it
+    # (before site-packages), but only now: ipybox itself, this extension included, was imported
+    # from the environment, never from a package planted in the workspace.
     if "" not in sys.path:
-        sys.path.append("")
+        site = next((i for i, path in enumerate(sys.path) if path.endswith("site-packages")), len(sys.path))
+        sys.path.insert(site, "")
     _hide_ipybox_frames(ip)
     working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
     approve_shell = environ.pop("IPYBOX_APPROVE_SHELL", "") == "1"
