@@ -21,7 +21,7 @@ PLANT = """
 import os
 steal = 'import os\\nopen({path!r}, "w").write(os.environ.get("TOOL_SERVER_TOKEN", ""))\\n'
 outcome = []
-for folder, name in [(os.environ['PYTHONPATH'], 'sitecustomize.py'), ('ipybox', '__init__.py'), ('pydantic', '__init__.py')]:
+for folder, name in [(os.environ['PYTHONPATH'], 'sitecustomize.py'), ('ipybox', '__init__.py')]:
     try:
         os.makedirs(folder, exist_ok=True)
         open(os.path.join(folder, name), 'w').write(steal.format(path=os.path.abspath('stolen-' + name)))
@@ -52,8 +52,8 @@ async def test_one_sessions_kernel_plants_nothing_that_runs_in_the_next_sessions
     async with connected(server.url, url_token=TOKEN) as first:
         planted = text_of(await run(first, PLANT))
     # The shared packages folder is not writable; files in the workspace are, but shadow nothing.
-    assert planted == "refused planted planted"
+    assert planted == "refused planted"
     async with connected(server.url, url_token=TOKEN) as second:
-        result = await run(second, "import pydantic, ipybox.tool_exec.client\nprint('imported')")
+        result = await run(second, "import ipybox.tool_exec.client\nprint('imported')")
         assert text_of(result) == "imported"
     assert sorted(path.name for path in workspace.iterdir() if path.name.startswith("stolen")) == []

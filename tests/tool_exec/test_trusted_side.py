@@ -162,7 +162,7 @@ async def test_a_package_planted_in_a_shared_working_directory_does_not_run_in_t
     work.mkdir()
     plant = (
         "import os\n"
-        "for name in ['ipybox', 'pydantic']:\n"
+        "for name in ['ipybox']:\n"
         "    os.makedirs(name, exist_ok=True)\n"
         "    open(os.path.join(name, '__init__.py'), 'w').write(\n"
         '        \'import os\\nopen("stolen-\' + name + \'", "w").write(os.environ.get("TOOL_SERVER_TOKEN", ""))\\n\'\n'
@@ -175,7 +175,7 @@ async def test_a_package_planted_in_a_shared_working_directory_does_not_run_in_t
         await first.execute(plant)
     async with CodeExecutor(sandbox=True, working_dir=work) as second:
         imported = await second.execute(
-            "import pydantic, ipybox.tool_exec.client\nfrom mcptools.mine import VALUE\nprint(VALUE)"
+            "import ipybox.tool_exec.client\nfrom mcptools.mine import VALUE\nprint(VALUE)"
         )
     assert imported.text == "42"
     assert sorted(path.name for path in work.iterdir() if path.name.startswith("stolen")) == []

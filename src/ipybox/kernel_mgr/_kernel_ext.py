@@ -52,10 +52,12 @@ def load_ipython_extension(ip: Any) -> None:
     start_dir = environ.pop("IPYBOX_START_DIR", "")
     if start_dir:
         os.chdir(start_dir)
-    # The working directory is importable (generated `mcptools` live there), but last: what the
-    # kernel's own environment installs is never shadowed by a file written in the workspace.
+    # The working directory is importable (generated `mcptools` live there), where IPython puts it
+    # (before site-packages), but only now: ipybox itself, this extension included, was imported
+    # from the environment, never from a package planted in the workspace.
     if "" not in sys.path:
-        sys.path.append("")
+        site = next((i for i, path in enumerate(sys.path) if path.endswith("site-packages")), len(sys.path))
+        sys.path.insert(site, "")
     _hide_marked_frames(ip)
     _count_cell_lines()
     _bound_output_messages()

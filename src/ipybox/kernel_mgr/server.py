@@ -516,9 +516,9 @@ _KERNEL_ARGS = [
     "--InteractiveShell.colors=nocolor",
     # Shell approval, the shell-escape guard and the kept working directory (see the module).
     "--IPKernelApp.extensions=ipybox.kernel_mgr._kernel_ext",
-    # IPython would put the working directory before site-packages, so a package planted there
-    # (an `ipybox/`, a `pandas.py`) would be imported by every later kernel of the same working
-    # directory, other sessions' included. The extension puts it last instead (_kernel_ext).
+    # IPython would put the working directory on sys.path before loading the extension, so an
+    # `ipybox/` planted there would run in every later kernel of the same working directory, other
+    # sessions' included. The extension adds it once ipybox is loaded (_kernel_ext).
     "--InteractiveShellApp.ignore_cwd=True",
 ]
 
