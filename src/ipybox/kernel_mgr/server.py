@@ -22,6 +22,7 @@ import psutil
 from ipybox.errors import GatewayError
 from ipybox.kernel_mgr import _limits, _sandbox
 from ipybox.tool_exec._registry import default_registry_path
+from ipybox.tool_exec._shell import ShellRunner
 
 _LOG_TAIL_LINES = 40
 _PORT_ATTEMPTS = 5
@@ -322,6 +323,25 @@ class KernelGateway:
             # the private runtime folder, which is bound into the sandbox, reach it.
             *(["--KernelManager.transport=ipc"] if self.sandbox else []),
         ]
+
+    def shell_runner(self) -> ShellRunner | None:
+        """What runs the approved shell commands of this gateway's sandboxed kernels outside them:
+        a new srt sandbox with the kernels' settings and temporary folder, started as the gateway
+        starts a kernel (``None`` while the gateway is stopped, or unsandboxed)."""
+        if not self.sandbox or self._jupyter_dir is None:
+            return None
+        gateway_env = self._gateway_env()
+        env = {key: value for key, value in gateway_env.items() if key in _GATEWAY_ENV_KEYS}
+        env.update(
+            {key: gateway_env[key] for key in gateway_env["KG_ENV_PROCESS_WHITELIST"].split(",") if key}
+        )
+        return ShellRunner(
+            srt=self._srt,
+            settings_file=self._jupyter_dir / "srt-settings.json",
+            tmp_dir=self._jupyter_dir / "tmp",
+            start_dir=self._jupyter_dir / "start",
+            env=env,
+        )
 
     def _gateway_env(self) -> dict[str, str]:
         # Kernel code can read its parent's environment (/proc/<ppid>/environ) and can ask
