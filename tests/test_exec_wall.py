@@ -185,3 +185,41 @@ async def test_the_filter_checks_the_architecture_first() -> None:
         assert program[0] == (0x20, 0, 0, 4)  # load the architecture
         assert program[2] == (0x06, 0, 0, 0x80000000)  # a foreign one kills the process
         assert program[-1] == (0x06, 0, 0, 0x00050000 | 1)  # denied: EPERM
+
+
+async def test_the_sandbox_helpers_outside_the_wall_cannot_be_driven(walled: CodeExecutor) -> None:
+    # bwrap and srt's socat proxies run in the kernel's sandbox without its filter: writing their
+    # memory through /proc would make them start a program.
+    code = (
+        "import os\nopened, refused = [], []\n"
+        "for pid in (p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()):\n"
+        "    try:\n        fd = os.open(f'/proc/{pid}/mem', os.O_RDWR)\n"
+        "    except PermissionError:\n        refused.append(pid)\n"
+        "    except OSError:\n        pass\n"
+        "    else:\n        os.close(fd)\n        opened.append(open(f'/proc/{pid}/comm').read().strip())\n"
+        "print(opened, len(refused) > 0)"
+    )
+    result = await walled.execute(code, timeout=60)
+    assert result.text == "[] True"
+
+
+async def test_code_planted_for_the_next_kernel_runs_inside_its_wall(
+    walled: CodeExecutor, workdir: Path
+) -> None:
+    # A module named like the kernel's launcher in the working directory, and IPython's kernel
+    # configuration in the kernel's own (writable) IPython folder: both would run in the next
+    # kernel before anything of ipybox's extension.
+    marker = workdir / "planted-ran"
+    plant = f"import subprocess, shutil\nsubprocess.run([shutil.which('touch'), {str(marker)!r}])\n"
+    code = (
+        "import os, pathlib\n"
+        f"pathlib.Path('ipykernel_launcher.py').write_text({plant!r} + 'from ipykernel import kernelapp as app\\napp.launch_new_instance()\\n')\n"
+        "profile = pathlib.Path(os.environ['IPYTHONDIR'], 'profile_default')\nprofile.mkdir(parents=True, exist_ok=True)\n"
+        f"(profile / 'ipython_kernel_config.py').write_text({plant!r})\n"
+    )
+    await walled.execute(code, timeout=60)
+    # Twice: the first new kernel may have been started (as a spare) before the plant.
+    await walled.reset()
+    await walled.reset()
+    assert (await walled.execute("print(1 + 1)")).text == "2"
+    assert not marker.exists()

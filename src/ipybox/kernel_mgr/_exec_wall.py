@@ -1,14 +1,21 @@
-"""A seccomp filter that stops a process, and everything it forks, from starting a program.
+"""A wall that stops a process, and everything it forks, from starting a program or driving another.
 
-Runs in the kernel (standard library only). Once installed, ``execve`` and ``execveat`` fail with
-``EPERM``, and so do ``ptrace``, ``process_vm_readv`` and ``process_vm_writev`` (the kernel cannot
-drive another process to start one for it). A filter cannot be removed, holds for every thread of
-the process (``SECCOMP_FILTER_FLAG_TSYNC``) and is inherited by every child: ``fork`` still works,
-a new program does not. A system call of another architecture than the kernel's own (32-bit
-``int 0x80`` on x86_64) kills the process.
+Runs in the kernel (standard library only), as its launcher: ``python -P -m
+ipybox.kernel_mgr._exec_wall ipykernel_launcher <args>`` installs the wall while the process has
+one thread and nothing of the kernel (its configuration, IPython's startup files) has run yet,
+then runs ``ipykernel_launcher``. Once installed:
 
-Used by a sandboxed kernel whose shell commands need approval: the approved ones run outside the
-kernel, on the tool server, in a sandbox of their own (``ipybox.tool_exec._shell``).
+- a seccomp filter makes ``execve`` and ``execveat`` fail with ``EPERM``, and so do ``ptrace``,
+  ``process_vm_readv`` and ``process_vm_writev``; a system call of another architecture than
+  the kernel's own (32-bit ``int 0x80`` on x86_64) kills the process, x32 ones fail;
+- a Landlock domain refuses to execute any file and, as Landlock does for every domain, keeps the
+  process from tracing or opening the memory (``/proc/<pid>/mem``) of any process outside it:
+  the sandbox's own helpers (bwrap, srt's socat proxies) run without the filter.
+
+Neither can be removed, and every thread and child inherits both: ``fork`` still works, a new
+program does not. Used by a sandboxed kernel whose shell commands need approval: the approved
+ones run outside the kernel, on the tool server, in a sandbox of their own
+(``ipybox.tool_exec._shell``).
 """
 
 from __future__ import annotations
@@ -84,7 +91,8 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
 
 
 def install() -> None:
-    """Install the filter on every thread of this process.
+    """Install the wall: the seccomp filter on every thread of this process, then the Landlock
+    domain (on the calling thread: call it before any other thread starts).
 
     Raises:
         OSError: The platform or architecture has no such filter, or the system refused it; the
@@ -110,3 +118,63 @@ def install() -> None:
         # With TSYNC, a positive result is the id of a thread that could not be synchronised.
         code = ctypes.get_errno() if result < 0 else errno.EBUSY
         raise OSError(code, f"seccomp(SECCOMP_SET_MODE_FILTER, TSYNC) failed ({result})")
+    _restrict_with_landlock(libc)
+
+
+class _RulesetAttr(ctypes.Structure):
+    # The first field is all that Landlock's first version reads (and all this needs).
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+# The same on every architecture (the generic system call table).
+_LANDLOCK_CREATE_RULESET = 444
+_LANDLOCK_RESTRICT_SELF = 446
+_LANDLOCK_ACCESS_FS_EXECUTE = 1
+
+
+def _restrict_with_landlock(libc: ctypes.CDLL) -> None:
+    """Enter a Landlock domain that handles executing files and allows it nowhere."""
+    attr = _RulesetAttr(_LANDLOCK_ACCESS_FS_EXECUTE)
+    ruleset = libc.syscall(
+        ctypes.c_long(_LANDLOCK_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0
+    )
+    if ruleset < 0:
+        code = ctypes.get_errno()
+        raise OSError(
+            code,
+            f"Landlock is not available ({os.strerror(code)}); it needs Linux 5.13 or later with it enabled",
+        )
+    try:
+        if libc.syscall(ctypes.c_long(_LANDLOCK_RESTRICT_SELF), ctypes.c_int(ruleset), 0) != 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(ruleset)
+
+
+def main() -> None:
+    """Install the wall, then run the module named by the first argument as ``__main__`` with the rest.
+
+    A process whose wall cannot be installed exits (status 1) with the reason on stderr rather than
+    run what it was meant to hold in.
+    """
+    import runpy
+    import sys
+
+    try:
+        install()
+    except OSError as exc:
+        print(
+            f"[ipybox] The kernel cannot install its wall against starting programs ({exc}), which a "
+            "sandboxed kernel with approve_shell_cmds=True needs; it exits rather than run without it. "
+            "Start with approve_shell_cmds=False, or on Linux 5.13+ (x86_64 or aarch64) with seccomp and Landlock.",
+            file=sys.stderr,
+            flush=True,
+        )
+        raise SystemExit(1) from None
+    module = sys.argv[1]
+    del sys.argv[1]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -6,11 +6,10 @@ the kernel's environment, which `CodeExecutor` fills:
 - ``IPYBOX_APPROVE_SHELL=1``: ``!cmd``, ``x = !cmd`` and script cells (``%%bash``, ``%%sh``,
   ``%%script``) ask the application first, through the tool server's ``POST /approve``
   (``tool_name`` ``"shell"`` with the expanded command, or ``"shell_magic"`` with the cell).
-- ``IPYBOX_EXEC_WALL=1`` (a sandboxed kernel with ``IPYBOX_APPROVE_SHELL=1``): before any cell
-  runs, a seccomp filter (`_exec_wall`) stops this process and all it forks from starting a
-  program; ``!cmd``, ``x = !cmd`` and script cells go to the tool server's ``POST /shell``, which
-  asks the application and runs an accepted command in a sandbox of its own. A kernel whose
-  filter cannot be installed exits rather than run code unwalled.
+- ``IPYBOX_EXEC_WALL=1`` (a sandboxed kernel with ``IPYBOX_APPROVE_SHELL=1``, started by the
+  launcher `_exec_wall`, which stops it and all it forks from starting a program): ``!cmd``,
+  ``x = !cmd`` and script cells go to the tool server's ``POST /shell``, which asks the
+  application and runs an accepted command in a sandbox of its own.
 - ``IPYBOX_REQUIRE_SHELL_ESCAPE=1``: cell code that starts a process itself (``subprocess``,
   ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn*``, ``pty.spawn``) gets an error
   telling it to use ``!``. Only direct calls from cell code are refused: libraries the cell
@@ -80,8 +79,6 @@ def load_ipython_extension(ip: Any) -> None:
         _approve_shell_commands(ip)
     if require_escape:
         _require_shell_escape(ip)
-    if exec_wall:
-        _install_exec_wall()
 
 
 def _exit_with_gateway(lock_file: str) -> None:
@@ -371,22 +368,6 @@ def _approve_shell_commands(ip: Any) -> None:
     # as the bound method itself.
     script_magics.shebang = approved_shebang
     ip.magics_manager.magics["cell"]["script"] = approved_shebang
-
-
-def _install_exec_wall() -> None:
-    from ipybox.kernel_mgr import _exec_wall
-
-    try:
-        _exec_wall.install()
-    except OSError as exc:
-        print(
-            f"[ipybox] The kernel cannot stop its code from starting programs ({exc}), which a sandboxed "
-            "kernel with approve_shell_cmds=True needs; it exits rather than run code without it. "
-            "Start with approve_shell_cmds=False, or on Linux (x86_64 or aarch64) with seccomp.",
-            file=sys.stderr,
-            flush=True,
-        )
-        os._exit(1)
 
 
 def _run_walled(tool_name: str, cmd: str, argv: list[str] | None = None) -> dict[str, Any]:

@@ -391,6 +391,10 @@ class KernelGateway:
         spec_dir = jupyter_dir / "kernels" / _KERNEL_NAME
         spec_dir.mkdir(parents=True)
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *_KERNEL_ARGS]
+        if self.sandbox and self.env.get("IPYBOX_EXEC_WALL") == "1":
+            # The wall goes up before anything of the kernel runs (see _exec_wall); -P: nothing is
+            # imported from the working directory, where kernel code could plant a module.
+            argv[1:3] = ["-P", "-m", "ipybox.kernel_mgr._exec_wall", "ipykernel_launcher"]
         spec: dict[str, object] = {
             "display_name": "Python 3 (ipybox)",
             "language": "python",
