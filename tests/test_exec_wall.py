@@ -7,10 +7,13 @@ work once accepted (they run on the tool server, in a sandbox of their own).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 import pytest_asyncio
 
@@ -223,3 +226,51 @@ async def test_code_planted_for_the_next_kernel_runs_inside_its_wall(
     await walled.reset()
     assert (await walled.execute("print(1 + 1)")).text == "2"
     assert not marker.exists()
+
+
+async def wait_for(condition: Callable[[], bool], what: str, limit: float = 60) -> None:
+    """Poll `condition` until it holds; fail after `limit` seconds."""
+    async with asyncio.timeout(limit):
+        while not condition():  # noqa: ASYNC110  # polls processes and files of other components
+            await asyncio.sleep(0.05)
+
+
+def sleeping(tag: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if tag in " ".join(proc.info["cmdline"] or []):
+            found.append(proc)
+    return found
+
+
+async def test_an_interrupted_command_is_killed_with_its_sandbox(walled: CodeExecutor, workdir: Path) -> None:
+    started = workdir / "long-started"
+
+    async def long_command() -> None:
+        async for item in walled.stream(f"!touch {started}; sleep 987654", timeout=300):
+            if isinstance(item, ApprovalRequest):
+                await item.accept()
+
+    task = asyncio.create_task(long_command())
+    await wait_for(started.exists, "the command's start")
+    assert sleeping("987654")
+    await walled.cancel()
+    with pytest.raises(CodeExecutionError) as info:
+        await task
+    assert info.value.ename == "KeyboardInterrupt"
+    await wait_for(lambda: not sleeping("987654"), "the command's end")
+
+
+async def test_a_command_that_writes_too_much_is_stopped(walled: CodeExecutor) -> None:
+    tool_server = walled._tool_server
+    assert tool_server is not None and tool_server.shell_runner is not None
+    runner = tool_server.shell_runner
+    tool_server.shell_runner = dataclasses.replace(runner, max_output=1000)
+    try:
+        items = await run(walled, "out = !yes\nprint(len(out), sum(map(len, out)))")
+    finally:
+        tool_server.shell_runner = runner
+    result = items[-1]
+    assert isinstance(result, CodeExecutionResult) and result.text is not None
+    assert "was stopped: it wrote more than 1000 bytes" in result.text
+    assert "500 500" in result.text.splitlines()

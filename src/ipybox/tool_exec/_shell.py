@@ -97,17 +97,17 @@ class ShellRunner:
         over = asyncio.Event()
 
         async def read(stream: asyncio.StreamReader | None) -> bytes:
+            # Read to the end (the pipe closes once the command is killed); keep up to the limit.
             if stream is None:
                 return b""
             parts: list[bytes] = []
             size = 0
             while chunk := await stream.read(65536):
                 if size + len(chunk) > self.max_output:
-                    parts.append(chunk[: self.max_output - size])
                     over.set()
-                    break
-                parts.append(chunk)
-                size += len(chunk)
+                kept = chunk[: max(0, self.max_output - size)]
+                parts.append(kept)
+                size += len(kept)
             return b"".join(parts)
 
         async def feed() -> None:
@@ -125,7 +125,7 @@ class ShellRunner:
             done, _ = await asyncio.wait(
                 {readers, waiter}, timeout=self.timeout, return_when=asyncio.FIRST_COMPLETED
             )
-            if readers not in done:
+            if over.is_set() or readers not in done:
                 stopped = (
                     f"it wrote more than {self.max_output} bytes"
                     if over.is_set()
