@@ -274,3 +274,22 @@ async def test_a_command_that_writes_too_much_is_stopped(walled: CodeExecutor) -
     assert isinstance(result, CodeExecutionResult) and result.text is not None
     assert "was stopped: it wrote more than 1000 bytes" in result.text
     assert "500 500" in result.text.splitlines()
+
+
+async def test_an_approved_command_is_not_a_program_the_kernel_planted(
+    walled: CodeExecutor, workdir: Path
+) -> None:
+    # The person approves `ls`; a kernel that put its own `ls` first on its PATH must not get it run.
+    marker = workdir / "planted-ls-ran"
+    code = (
+        "import os, pathlib, stat\n"
+        "pathlib.Path('bin').mkdir(exist_ok=True)\n"
+        f"pathlib.Path('bin/ls').write_text('#!/bin/sh\\ntouch {marker}\\n')\n"
+        "os.chmod('bin/ls', 0o755)\n"
+        "os.environ['PATH'] = os.path.abspath('bin') + os.pathsep + os.environ['PATH']\n"
+        "!ls -d bin"
+    )
+    items = await run(walled, code)
+    result = items[-1]
+    assert isinstance(result, CodeExecutionResult) and result.text == "bin"
+    assert not marker.exists()

@@ -335,8 +335,17 @@ class KernelGateway:
         env.update(
             {key: gateway_env[key] for key in gateway_env["KG_ENV_PROCESS_WHITELIST"].split(",") if key}
         )
+        # The kernel's Python first, as in the kernel (_kernel_ext); no folder the kernel can write.
+        folders = [os.path.dirname(sys.executable), *env.get("PATH", os.defpath).split(os.pathsep)]
+        path = [
+            folder
+            for folder in dict.fromkeys(folders)
+            if os.path.isabs(folder)
+            and not any(Path(folder).resolve().is_relative_to(writable) for writable in self.kernel_writable)
+        ]
         return ShellRunner(
             srt=self._srt,
+            path=os.pathsep.join(path),
             settings_file=self._jupyter_dir / "srt-settings.json",
             tmp_dir=self._jupyter_dir / "tmp",
             start_dir=self._jupyter_dir / "start",

@@ -49,6 +49,7 @@ class ShellRunner:
         tmp_dir: The kernel's temporary folder (``TMPDIR`` inside).
         start_dir: Where srt starts: a folder the kernel cannot write.
         env: srt's environment (the kernel's starting one), chosen by the application.
+        path: ``PATH`` inside the sandbox: folders the kernel cannot write.
         timeout: Seconds a command may run; then it is killed.
         max_output: Bytes kept of each of stdout and stderr; a command that writes more is stopped.
     """
@@ -58,35 +59,34 @@ class ShellRunner:
     tmp_dir: Path
     start_dir: Path
     env: dict[str, str]
+    path: str
     timeout: float = DEFAULT_SHELL_TIMEOUT
     max_output: int = DEFAULT_MAX_SHELL_OUTPUT
 
-    def command(self, argv: list[str], cwd: str, path: str | None) -> list[str]:
-        """The srt command that runs `argv` in `cwd` inside the sandbox, with `path` as ``PATH``.
+    def command(self, argv: list[str], cwd: str) -> list[str]:
+        """The srt command that runs `argv` in `cwd` inside the sandbox.
 
-        `cwd` and `path` come from the kernel: they are set by the shell inside the sandbox,
-        which can do no more than the kernel could.
+        `cwd` comes from the kernel: the shell inside the sandbox changes to it, and can do no
+        more there than the kernel could. ``PATH`` is the runner's, never the kernel's: an
+        approved ``ls`` is not a program the kernel planted in a folder of its own.
         """
-        inner = f"cd {shlex.quote(cwd)} && TMPDIR={shlex.quote(str(self.tmp_dir))}"
-        if path is not None:
-            inner += f" PATH={shlex.quote(path)}"
+        inner = (
+            f"cd {shlex.quote(cwd)} && TMPDIR={shlex.quote(str(self.tmp_dir))} PATH={shlex.quote(self.path)}"
+        )
         inner += f" exec {shlex.join(argv)}"
         return [self.srt, "--settings", str(self.settings_file), "-c", inner]
 
-    async def run(
-        self, argv: list[str], *, cwd: str, path: str | None, stdin: bytes | None, merge: bool
-    ) -> ShellResult:
+    async def run(self, argv: list[str], *, cwd: str, stdin: bytes | None, merge: bool) -> ShellResult:
         """Run `argv` to its end (or its timeout, or its output limit) and return what it wrote.
 
         Args:
             argv: The program and its arguments.
             cwd: The folder to run it in, inside the sandbox.
-            path: ``PATH`` inside the sandbox (the kernel's), or ``None`` for srt's.
             stdin: What the program reads (a ``%%bash`` cell), or ``None`` for nothing.
             merge: Whether stderr goes to stdout, interleaved (as ``!cmd`` shows them).
         """
         process = await asyncio.create_subprocess_exec(
-            *self.command(argv, cwd, path),
+            *self.command(argv, cwd),
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT if merge else asyncio.subprocess.PIPE,

@@ -790,7 +790,7 @@ def run_shell(tool_name: str, cmd: str, argv: list[str] | None = None) -> dict[s
 
     For a kernel that cannot start programs itself: the request reaches the application as an
     ``ApprovalRequest`` as with `request_approval`, and the accepted command runs in a sandbox of
-    its own, in this kernel's current folder and with its ``PATH``.
+    its own, in this kernel's current folder (with the application's ``PATH``, not this kernel's).
 
     Args:
         tool_name: ``"shell"`` (`cmd` is a command line for ``sh -c``) or ``"shell_magic"`` (`cmd`
@@ -811,7 +811,6 @@ def run_shell(tool_name: str, cmd: str, argv: list[str] | None = None) -> dict[s
         "kind": tool_name,
         "cmd": cmd,
         "cwd": os.getcwd(),
-        "path": os.environ.get("PATH"),
     }
     if argv is not None:
         request["argv"] = argv

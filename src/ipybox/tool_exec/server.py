@@ -14,7 +14,7 @@ Endpoints:
 - ``POST /approve`` with ``{"server_name": "ipybox", "tool_name", "tool_args"}`` only asks the
   application for a decision, for what the kernel runs itself (shell commands); it answers
   ``{"result": null}`` once accepted, or an error as ``/run`` does.
-- ``POST /shell`` with ``{"kind": "shell" | "shell_magic", "cmd", "argv"?, "cwd", "path"?}`` asks
+- ``POST /shell`` with ``{"kind": "shell" | "shell_magic", "cmd", "argv"?, "cwd"}`` asks
   the application as ``/approve`` does and, once accepted, runs the command in a sandbox of its
   own (``shell_runner``, for a kernel that cannot start programs); it answers ``{"stdout",
   "stderr", "exit_code", "stopped"}``, or an error as ``/run`` does (400 when this tool server
@@ -109,7 +109,6 @@ class _ShellRequest(BaseModel):
     # The cell magic's program and its arguments (``shell_magic`` only).
     argv: list[str] | None = None
     cwd: str = Field(min_length=1)
-    path: str | None = None
 
 
 class _ToolCallError(Exception):
@@ -532,7 +531,7 @@ class ToolServer:
             return _error_response(exc.status, exc.kind, exc.message)
         cell = body.cmd.encode() if body.kind == "shell_magic" else None
         running = asyncio.ensure_future(
-            runner.run(argv, cwd=body.cwd, path=body.path, stdin=cell, merge=body.kind == "shell")
+            runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == "shell")
         )
         # The kernel closes the connection when its cell is interrupted: the command stops with it.
         gone = asyncio.ensure_future(_disconnected(request.receive))
