@@ -13,6 +13,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 import pytest_asyncio
@@ -293,3 +294,19 @@ async def test_an_approved_command_is_not_a_program_the_kernel_planted(
     result = items[-1]
     assert isinstance(result, CodeExecutionResult) and result.text == "bin"
     assert not marker.exists()
+
+
+async def test_the_shell_endpoint_needs_the_token_and_a_runner() -> None:
+    from ipybox.tool_exec.server import ToolServer
+
+    async with ToolServer(port=0, token="secret") as server, httpx.AsyncClient() as http:
+        url = f"http://localhost:{server.port}/shell"
+        body = {"kind": "shell", "cmd": "true", "cwd": "/"}
+        response = await http.post(url, json=body)
+        assert response.status_code == 401
+        headers = {"Authorization": "Bearer secret"}
+        response = await http.post(url, json={**body, "path": "/planted"}, headers=headers)
+        assert response.status_code == 400 and "malformed" in response.json()["error"]["message"]
+        response = await http.post(url, json=body, headers=headers)
+        assert response.status_code == 400
+        assert "runs no shell commands" in response.json()["error"]["message"]
