@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import secrets
 import shutil
+import sys
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -522,8 +523,9 @@ class CodeExecutor:
     @property
     def _exec_wall(self) -> bool:
         """Whether the kernel cannot start programs, and its approved shell commands run on the
-        tool server in a sandbox of their own (sandboxed, with shell commands approved)."""
-        return self.sandbox and self.approve_shell_cmds
+        tool server in a sandbox of their own (sandboxed on Linux, with shell commands approved;
+        macOS has no such filter: there shell approval stays a guard in the kernel)."""
+        return self.sandbox and self.approve_shell_cmds and sys.platform == "linux"
 
     def _require_started(self) -> tuple[KernelClient, ToolServer]:
         if self._kernel is None or self._tool_server is None:

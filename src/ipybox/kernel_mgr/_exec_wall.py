@@ -90,6 +90,21 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
     return [*head, *body, (_RET_K, 0, 0, _SECCOMP_RET_ALLOW), deny]
 
 
+def unavailable() -> str | None:
+    """Why the wall cannot be installed on this machine, or ``None`` if it can (checked without
+    installing anything, so that a gateway refuses to start rather than start kernels that exit)."""
+    machine = platform.machine()
+    if os.uname().sysname != "Linux" or machine not in _ARCHES:
+        return f"it needs Linux on x86_64 or aarch64, not {os.uname().sysname} on {machine}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    # landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION): the ABI version, or an error.
+    if libc.syscall(ctypes.c_long(_LANDLOCK_CREATE_RULESET), None, ctypes.c_size_t(0), 1) < 1:
+        code = ctypes.get_errno()
+        return f"Landlock is not available ({os.strerror(code)}): it needs Linux 5.13 or later with Landlock enabled"
+    return None
+
+
 def install() -> None:
     """Install the wall: the seccomp filter on every thread of this process, then the Landlock
     domain (on the calling thread: call it before any other thread starts).

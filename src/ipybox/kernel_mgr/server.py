@@ -19,8 +19,8 @@ from typing import Any, Self
 import httpx
 import psutil
 
-from ipybox.errors import GatewayError
-from ipybox.kernel_mgr import _limits, _sandbox
+from ipybox.errors import GatewayError, SandboxUnavailableError
+from ipybox.kernel_mgr import _exec_wall, _limits, _sandbox
 from ipybox.tool_exec._registry import default_registry_path
 from ipybox.tool_exec._shell import ShellRunner
 
@@ -167,13 +167,20 @@ class KernelGateway:
                 example because the port is in use), or does not answer in time. The
                 message includes the gateway's last lines of output.
             SandboxUnavailableError: If ``sandbox=True`` and srt or a program it needs is
-                missing (the message says what to install), or `sandbox_config` is unusable.
-                The kernel never runs unsandboxed instead.
+                missing (the message says what to install), or `sandbox_config` is unusable, or
+                the kernel's wall against starting programs (``IPYBOX_EXEC_WALL``) cannot be
+                installed on this machine. The kernel never runs unsandboxed instead.
         """
         if self._process is not None:
             raise GatewayError("The kernel gateway is already running; call stop() before start().")
         if self.sandbox:
             self._srt = _sandbox.find_srt()
+            if self.env.get("IPYBOX_EXEC_WALL") == "1" and (problem := _exec_wall.unavailable()):
+                raise SandboxUnavailableError(
+                    f"A sandboxed kernel whose shell commands need approval cannot be walled in here: {problem}. "
+                    "Start with approve_shell_cmds=False (shell approval is then a guard in the kernel, which "
+                    "code can go around), or on a machine that has it."
+                )
             self._sandbox_config = _sandbox.load_config(self.sandbox_config) if self.sandbox_config else None
         self._limits = _limits.KernelLimits(self.memory_limit, self.max_processes)
         try:
