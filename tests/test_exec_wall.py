@@ -310,3 +310,16 @@ async def test_the_shell_endpoint_needs_the_token_and_a_runner() -> None:
         response = await http.post(url, json=body, headers=headers)
         assert response.status_code == 400
         assert "runs no shell commands" in response.json()["error"]["message"]
+
+
+async def test_without_landlock_the_start_fails_and_says_what_to_do(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Stands in for a machine without Landlock (the check runs in the application, before any kernel).
+    from ipybox.errors import SandboxUnavailableError
+    from ipybox.kernel_mgr import _exec_wall
+
+    monkeypatch.setattr(_exec_wall, "unavailable", lambda: "Landlock is not available (test)")
+    with pytest.raises(SandboxUnavailableError, match="approve_shell_cmds=False"):
+        async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir):
+            pass
