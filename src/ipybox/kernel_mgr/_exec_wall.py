@@ -90,10 +90,16 @@ def program(machine: str) -> list[tuple[int, int, int, int]]:
     return [*head, *body, (_RET_K, 0, 0, _SECCOMP_RET_ALLOW), deny]
 
 
+def _machine() -> str:
+    """The architecture of this process's system calls (a 32-bit Python on x86_64 is not x86_64)."""
+    machine = platform.machine()
+    return machine if ctypes.sizeof(ctypes.c_void_p) == 8 else f"32-bit {machine}"
+
+
 def unavailable() -> str | None:
     """Why the wall cannot be installed on this machine, or ``None`` if it can (checked without
     installing anything, so that a gateway refuses to start rather than start kernels that exit)."""
-    machine = platform.machine()
+    machine = _machine()
     if os.uname().sysname != "Linux" or machine not in _ARCHES:
         return f"it needs Linux on x86_64 or aarch64, not {os.uname().sysname} on {machine}"
     libc = ctypes.CDLL(None, use_errno=True)
@@ -113,7 +119,7 @@ def install() -> None:
         OSError: The platform or architecture has no such filter, or the system refused it; the
             caller must not run code it was meant to hold in.
     """
-    machine = platform.machine()
+    machine = _machine()
     if os.uname().sysname != "Linux" or machine not in _ARCHES:
         raise OSError(errno.ENOSYS, f"no seccomp filter for {os.uname().sysname} on {machine}")
     instructions = program(machine)
