@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import secrets
 import shutil
+import sys
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -109,7 +110,9 @@ class CodeExecutor:
             ``%%sh``, ``%%script``) wait for approval like tool calls: an `ApprovalRequest` with
             ``server_name="ipybox"`` and ``tool_name="shell"`` (``tool_args={"cmd": <the command
             with variables filled in>}``) or ``tool_name="shell_magic"`` (``{"magic", "cmd": <the
-            cell>}``).
+            cell>}``, and ``"args"`` when the magic's program has arguments). With ``sandbox=True``
+            this is a wall, not a guard: the kernel cannot start any program (a seccomp filter), and
+            an approved command runs on the tool server in a new sandbox with the kernel's settings.
         require_shell_escape: Refuse processes started directly from cell code (``subprocess``,
             ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn*``, ``pty.spawn``) with an
             error that says to use ``!``. A Python-level guard that code can undo: it keeps an
@@ -263,6 +266,7 @@ class CodeExecutor:
             await stack.enter_async_context(gateway)
             tool_server.kernel_writable = gateway.kernel_writable
             tool_server.kernel_readonly = gateway.kernel_readonly
+            tool_server.shell_runner = gateway.shell_runner() if self._exec_wall else None
             kernel = KernelClient(
                 host=self.kernel_gateway_host,
                 port=gateway.port,
@@ -482,6 +486,7 @@ class CodeExecutor:
             if self._tool_server is not None:
                 self._tool_server.kernel_writable = gateway.kernel_writable
                 self._tool_server.kernel_readonly = gateway.kernel_readonly
+                self._tool_server.shell_runner = gateway.shell_runner() if self._exec_wall else None
             kernel.port = gateway.port
             await kernel.connect()
         except Exception as error:
@@ -509,9 +514,18 @@ class CodeExecutor:
             env["IPYBOX_WORKING_DIR"] = str(self.working_dir)
         if self.approve_shell_cmds:
             env["IPYBOX_APPROVE_SHELL"] = "1"
+        if self._exec_wall:
+            env["IPYBOX_EXEC_WALL"] = "1"
         if self.require_shell_escape:
             env["IPYBOX_REQUIRE_SHELL_ESCAPE"] = "1"
         return env
+
+    @property
+    def _exec_wall(self) -> bool:
+        """Whether the kernel cannot start programs, and its approved shell commands run on the
+        tool server in a sandbox of their own (sandboxed on Linux, with shell commands approved;
+        macOS has no such filter: there shell approval stays a guard in the kernel)."""
+        return self.sandbox and self.approve_shell_cmds and sys.platform == "linux"
 
     def _require_started(self) -> tuple[KernelClient, ToolServer]:
         if self._kernel is None or self._tool_server is None:

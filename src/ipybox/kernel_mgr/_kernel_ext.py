@@ -6,6 +6,10 @@ the kernel's environment, which `CodeExecutor` fills:
 - ``IPYBOX_APPROVE_SHELL=1``: ``!cmd``, ``x = !cmd`` and script cells (``%%bash``, ``%%sh``,
   ``%%script``) ask the application first, through the tool server's ``POST /approve``
   (``tool_name`` ``"shell"`` with the expanded command, or ``"shell_magic"`` with the cell).
+- ``IPYBOX_EXEC_WALL=1`` (a sandboxed kernel with ``IPYBOX_APPROVE_SHELL=1``, started by the
+  launcher `_exec_wall`, which stops it and all it forks from starting a program): ``!cmd``,
+  ``x = !cmd`` and script cells go to the tool server's ``POST /shell``, which asks the
+  application and runs an accepted command in a sandbox of its own.
 - ``IPYBOX_REQUIRE_SHELL_ESCAPE=1``: cell code that starts a process itself (``subprocess``,
   ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn*``, ``pty.spawn``) gets an error
   telling it to use ``!``. Only direct calls from cell code are refused: libraries the cell
@@ -71,7 +75,10 @@ def load_ipython_extension(ip: Any) -> None:
         _exit_with_gateway(gateway_lock)
     if working_dir:
         _keep_working_dir(ip, working_dir)
-    if approve_shell:
+    exec_wall = environ.pop("IPYBOX_EXEC_WALL", "") == "1"
+    if exec_wall:
+        _wall_shell_commands(ip)
+    elif approve_shell:
         _approve_shell_commands(ip)
     if require_escape:
         _require_shell_escape(ip)
@@ -356,15 +363,20 @@ def _ask(tool_name: str, tool_args: dict[str, str]) -> None:
     try:
         request_approval(tool_name, tool_args)
     except ToolRunnerError as exc:
-        if exc.kind == "rejected":
-            message = f"The {what} was rejected by the application, so it did not run."
-        elif exc.kind == "expired":
-            message = (
-                f"The {what} expired: the application made no approval decision in time, so it did not run."
-            )
-        else:
-            message = f"The {what} did not run: {exc}"
-        raise ToolRunnerError(message, exc.kind, "ipybox", tool_name) from None
+        raise _not_run(exc, what, tool_name) from None
+
+
+def _not_run(exc: Any, what: str, tool_name: str) -> Exception:
+    """The error for a shell command that did not run, from the tool server's `exc`."""
+    from ipybox.errors import ToolRunnerError
+
+    if exc.kind == "rejected":
+        message = f"The {what} was rejected by the application, so it did not run."
+    elif exc.kind == "expired":
+        message = f"The {what} expired: the application made no approval decision in time, so it did not run."
+    else:
+        message = f"The {what} did not run: {exc}"
+    return ToolRunnerError(message, exc.kind, "ipybox", tool_name)
 
 
 def _approve_shell_commands(ip: Any) -> None:
@@ -399,6 +411,79 @@ def _approve_shell_commands(ip: Any) -> None:
     # as the bound method itself.
     script_magics.shebang = approved_shebang
     ip.magics_manager.magics["cell"]["script"] = approved_shebang
+
+
+def _run_walled(tool_name: str, cmd: str, argv: list[str] | None = None) -> dict[str, Any]:
+    """Run `cmd` on the tool server, once approved; its answer (see ``tool_exec.client.run_shell``)."""
+    __tracebackhide__ = True
+    from ipybox.errors import ToolRunnerError
+    from ipybox.tool_exec.client import run_shell
+
+    what = "shell command" if argv is None else f"%%{os.path.basename(argv[0])} cell"
+    try:
+        result = run_shell(tool_name, cmd, argv)
+    except ToolRunnerError as exc:
+        raise _not_run(exc, what, tool_name) from None
+    if result.get("stopped"):
+        print(f"[ipybox] The {what} was stopped: {result['stopped']}.", file=sys.stderr)
+    return result
+
+
+def _wall_shell_commands(ip: Any) -> None:
+    """``!cmd``, ``x = !cmd`` and script cells, for a kernel that cannot start programs: each runs on
+    the tool server once approved, and its output comes back when it ends (not while it runs)."""
+    import subprocess
+
+    from IPython.core.error import UsageError
+    from IPython.utils._process_common import arg_split
+    from IPython.utils.text import LSString, SList
+
+    def walled_system(cmd: str) -> None:
+        __tracebackhide__ = True
+        result = _run_walled("shell", ip.var_expand(cmd, depth=1))
+        sys.stdout.write(result["stdout"])
+        sys.stdout.flush()
+        ip.user_ns["_exit_code"] = result["exit_code"]
+
+    def walled_getoutput(cmd: str, split: bool = True, depth: int = 0) -> Any:
+        __tracebackhide__ = True
+        output = _run_walled("shell", ip.var_expand(cmd, depth=depth + 1))["stdout"]
+        return SList(output.splitlines()) if split else LSString(output)
+
+    ip.system = walled_system
+    ip.system_piped = walled_system
+    ip.getoutput = walled_getoutput
+
+    script_magics = ip.magics_manager.registry["ScriptMagics"]
+    shebang = script_magics.shebang
+
+    @functools.wraps(shebang)  # it parses its arguments with the parser attached to self.shebang
+    def walled_shebang(line: str, cell: str) -> Any:
+        __tracebackhide__ = True
+        args, argv = shebang.parser.parse_known_args(arg_split(line, posix=True))
+        if args.bg or args.proc:
+            raise UsageError(
+                "--bg and --proc are not available in this kernel: its shell commands run, once approved, "
+                "outside it; run the cell without them."
+            )
+        if not argv:
+            raise UsageError("%%script needs the program to run the cell with, e.g. `%%script bash`.")
+        result = _run_walled("shell_magic", cell if cell.endswith("\n") else cell + "\n", argv)
+        if args.out:
+            ip.user_ns[args.out] = result["stdout"]
+        else:
+            sys.stdout.write(result["stdout"])
+            sys.stdout.flush()
+        if args.err:
+            ip.user_ns[args.err] = result["stderr"]
+        else:
+            sys.stderr.write(result["stderr"])
+            sys.stderr.flush()
+        if args.raise_error and result["exit_code"] != 0:
+            raise subprocess.CalledProcessError(result["exit_code"] or -9, cell)
+
+    script_magics.shebang = walled_shebang
+    ip.magics_manager.magics["cell"]["script"] = walled_shebang
 
 
 def _require_shell_escape(ip: Any) -> None:

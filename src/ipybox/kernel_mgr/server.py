@@ -19,9 +19,10 @@ from typing import Any, Self
 import httpx
 import psutil
 
-from ipybox.errors import GatewayError
-from ipybox.kernel_mgr import _limits, _sandbox
+from ipybox.errors import GatewayError, SandboxUnavailableError
+from ipybox.kernel_mgr import _exec_wall, _limits, _sandbox
 from ipybox.tool_exec._registry import default_registry_path
+from ipybox.tool_exec._shell import ShellRunner
 
 _LOG_TAIL_LINES = 40
 _PORT_ATTEMPTS = 5
@@ -166,13 +167,20 @@ class KernelGateway:
                 example because the port is in use), or does not answer in time. The
                 message includes the gateway's last lines of output.
             SandboxUnavailableError: If ``sandbox=True`` and srt or a program it needs is
-                missing (the message says what to install), or `sandbox_config` is unusable.
-                The kernel never runs unsandboxed instead.
+                missing (the message says what to install), or `sandbox_config` is unusable, or
+                the kernel's wall against starting programs (``IPYBOX_EXEC_WALL``) cannot be
+                installed on this machine. The kernel never runs unsandboxed instead.
         """
         if self._process is not None:
             raise GatewayError("The kernel gateway is already running; call stop() before start().")
         if self.sandbox:
             self._srt = _sandbox.find_srt()
+            if self.env.get("IPYBOX_EXEC_WALL") == "1" and (problem := _exec_wall.unavailable()):
+                raise SandboxUnavailableError(
+                    f"A sandboxed kernel whose shell commands need approval cannot be walled in here: {problem}. "
+                    "Start with approve_shell_cmds=False (shell approval is then a guard in the kernel, which "
+                    "code can go around), or on a machine that has it."
+                )
             self._sandbox_config = _sandbox.load_config(self.sandbox_config) if self.sandbox_config else None
         self._limits = _limits.KernelLimits(self.memory_limit, self.max_processes)
         try:
@@ -323,6 +331,34 @@ class KernelGateway:
             *(["--KernelManager.transport=ipc"] if self.sandbox else []),
         ]
 
+    def shell_runner(self) -> ShellRunner | None:
+        """What runs the approved shell commands of this gateway's sandboxed kernels outside them:
+        a new srt sandbox with the kernels' settings and temporary folder, started as the gateway
+        starts a kernel (``None`` while the gateway is stopped, or unsandboxed)."""
+        if not self.sandbox or self._jupyter_dir is None:
+            return None
+        gateway_env = self._gateway_env()
+        env = {key: value for key, value in gateway_env.items() if key in _GATEWAY_ENV_KEYS}
+        env.update(
+            {key: gateway_env[key] for key in gateway_env["KG_ENV_PROCESS_WHITELIST"].split(",") if key}
+        )
+        # The kernel's Python first, as in the kernel (_kernel_ext); no folder the kernel can write.
+        folders = [os.path.dirname(sys.executable), *env.get("PATH", os.defpath).split(os.pathsep)]
+        path = [
+            folder
+            for folder in dict.fromkeys(folders)
+            if os.path.isabs(folder)
+            and not any(Path(folder).resolve().is_relative_to(writable) for writable in self.kernel_writable)
+        ]
+        return ShellRunner(
+            srt=self._srt,
+            path=os.pathsep.join(path),
+            settings_file=self._jupyter_dir / "srt-settings.json",
+            tmp_dir=self._jupyter_dir / "tmp",
+            start_dir=self._jupyter_dir / "start",
+            env=env,
+        )
+
     def _gateway_env(self) -> dict[str, str]:
         # Kernel code can read its parent's environment (/proc/<ppid>/environ) and can ask
         # the gateway for a kernel that inherits it, so the gateway gets only what it needs
@@ -371,6 +407,10 @@ class KernelGateway:
         spec_dir = jupyter_dir / "kernels" / _KERNEL_NAME
         spec_dir.mkdir(parents=True)
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *_KERNEL_ARGS]
+        if self.sandbox and self.env.get("IPYBOX_EXEC_WALL") == "1":
+            # The wall goes up before anything of the kernel runs (see _exec_wall); -P: nothing is
+            # imported from the working directory, where kernel code could plant a module.
+            argv[1:3] = ["-P", "-m", "ipybox.kernel_mgr._exec_wall", "ipykernel_launcher"]
         spec: dict[str, object] = {
             "display_name": "Python 3 (ipybox)",
             "language": "python",

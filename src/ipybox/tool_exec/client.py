@@ -29,6 +29,7 @@ __all__ = [
     "arun_tool",
     "arun_tool_content",
     "request_approval",
+    "run_shell",
     "run_tool",
     "run_tool_content",
 ]
@@ -782,6 +783,42 @@ def request_approval(tool_name: str, tool_args: dict[str, Any]) -> None:
     status, data = runner._request_sync("POST", "/approve", runner._body(tool_name, tool_args), tool_name)
     if status != 200:
         raise runner._error(status, data, tool_name)
+
+
+def run_shell(tool_name: str, cmd: str, argv: list[str] | None = None) -> dict[str, Any]:
+    """Have the tool server run a shell command for this kernel, once the application approves it.
+
+    For a kernel that cannot start programs itself: the request reaches the application as an
+    ``ApprovalRequest`` as with `request_approval`, and the accepted command runs in a sandbox of
+    its own, in this kernel's current folder (with the application's ``PATH``, not this kernel's).
+
+    Args:
+        tool_name: ``"shell"`` (`cmd` is a command line for ``sh -c``) or ``"shell_magic"`` (`cmd`
+            is a cell, given to `argv` on stdin).
+        cmd: The command line, or the cell.
+        argv: The cell magic's program and its arguments.
+
+    Returns:
+        ``{"stdout", "stderr", "exit_code", "stopped"}``; ``stopped`` says why the command was
+        stopped before its end (a time or output limit), else is ``None``.
+
+    Raises:
+        ToolRunnerError: The command was rejected, expired or could not run.
+    """
+    __tracebackhide__ = True
+    runner = _runner("ipybox")
+    request: dict[str, Any] = {
+        "kind": tool_name,
+        "cmd": cmd,
+        "cwd": os.getcwd(),
+    }
+    if argv is not None:
+        request["argv"] = argv
+    status, data = runner._request_sync("POST", "/shell", json.dumps(request).encode(), tool_name)
+    if status != 200:
+        raise runner._error(status, data, tool_name)
+    result: dict[str, Any] = json.loads(data)
+    return result
 
 
 def _runner(server_name: str) -> ToolRunner:

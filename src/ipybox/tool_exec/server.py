@@ -14,6 +14,11 @@ Endpoints:
 - ``POST /approve`` with ``{"server_name": "ipybox", "tool_name", "tool_args"}`` only asks the
   application for a decision, for what the kernel runs itself (shell commands); it answers
   ``{"result": null}`` once accepted, or an error as ``/run`` does.
+- ``POST /shell`` with ``{"kind": "shell" | "shell_magic", "cmd", "argv"?, "cwd"}`` asks
+  the application as ``/approve`` does and, once accepted, runs the command in a sandbox of its
+  own (``shell_runner``, for a kernel that cannot start programs); it answers ``{"stdout",
+  "stderr", "exit_code", "stopped"}``, or an error as ``/run`` does (400 when this tool server
+  runs no shell commands). The command is killed when the kernel closes the connection.
 - ``PUT /reset`` closes every MCP session (they start again on the next call).
 - ``WS /approval`` is where the application's ``ApprovalClient`` connects.
 - ``GET /status`` answers ``{"status": "ok"}``.
@@ -30,7 +35,7 @@ import socket
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from mcp.types import (
@@ -55,6 +60,7 @@ from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 from ipybox.tool_exec._mcp import MCPSession
 from ipybox.tool_exec._params import StdioParams, confine, resolve_params
 from ipybox.tool_exec._registry import ServerRegistry
+from ipybox.tool_exec._shell import ShellRunner
 from ipybox.tool_exec.approval.server import (
     POLICY_VIOLATION,
     ApprovalChannel,
@@ -90,6 +96,19 @@ class _RunRequest(BaseModel):
     server_params: dict[str, Any] | None = None
     # Whether the answer carries every content part and the structured content (``run_content``).
     content: bool = False
+
+
+class _ShellRequest(BaseModel):
+    """The body of ``POST /shell``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["shell", "shell_magic"]
+    # The command line (``shell``), or the cell fed to the program on stdin (``shell_magic``).
+    cmd: str
+    # The cell magic's program and its arguments (``shell_magic`` only).
+    argv: list[str] | None = None
+    cwd: str = Field(min_length=1)
 
 
 class _ToolCallError(Exception):
@@ -259,6 +278,9 @@ class ToolServer:
             directory lie there is refused (see the README's sandbox section).
         scope: The executor's working directory: a registered server is run only when its API was
             generated in this folder or a folder directly in it (``None``: any registered server).
+        shell_runner: Runs the approved shell commands of a kernel that cannot start programs
+            (``POST /shell``); also settable as an attribute once the kernel's sandbox is known.
+            ``None``: ``/shell`` is refused.
     """
 
     def __init__(
@@ -280,6 +302,7 @@ class ToolServer:
         max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
         kernel_writable: tuple[Path, ...] = (),
         scope: Path | None = None,
+        shell_runner: ShellRunner | None = None,
     ) -> None:
         if max_result_size <= 0:
             raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
@@ -302,6 +325,7 @@ class ToolServer:
         # Paths inside those that the kernel's sandbox keeps read-only (set with kernel_writable).
         self.kernel_readonly: tuple[Path, ...] = ()
         self.scope = scope
+        self.shell_runner = shell_runner
         self._fallback_registry: ServerRegistry | None = None
         self.approve_tool_calls = approve_tool_calls
         self._expected_auth = f"Bearer {token}".encode() if token is not None else None
@@ -321,6 +345,7 @@ class ToolServer:
             routes=[
                 Route("/reset", self._reset_endpoint, methods=["PUT"]),
                 Route("/approve", self._approve_endpoint, methods=["POST"]),
+                Route("/shell", self._shell_endpoint, methods=["POST"]),
                 Route("/status", self._status, methods=["GET"]),
                 WebSocketRoute("/approval", self._approval),
             ]
@@ -464,6 +489,77 @@ class ToolServer:
         except _ToolCallError as exc:
             return _error_response(exc.status, exc.kind, exc.message)
         return JSONResponse({"result": None})
+
+    async def _shell_endpoint(self, request: Request) -> Response:
+        if not self._authorized(request.headers.get("authorization", "").encode()):
+            return _error_response(401, "failed", _UNAUTHORIZED)
+        raw = await self._read_body(request.headers.get("content-length"), request.receive)
+        if raw is None:
+            return Response(status_code=400)  # the client left; nobody reads this
+        if isinstance(raw, tuple):
+            status, content = raw
+            return Response(content, status_code=status, media_type="application/json")
+        try:
+            body = _ShellRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            return _error_response(
+                400, "failed", f"The shell command request is malformed: {_summarise(exc)}"
+            )
+        runner = self.shell_runner
+        if runner is None:
+            return _error_response(
+                400,
+                "failed",
+                "This tool server runs no shell commands: only a sandboxed kernel whose shell commands need "
+                "approval sends them here (CodeExecutor(sandbox=True, approve_shell_cmds=True)).",
+            )
+        if body.kind == "shell_magic" and not body.argv:
+            return _error_response(400, "failed", "A shell_magic request needs argv, the program to run.")
+        if body.kind == "shell":
+            tool_args: dict[str, Any] = {"cmd": body.cmd}
+            argv = ["/bin/sh", "-c", body.cmd]
+        else:
+            assert body.argv is not None
+            tool_args = {"magic": body.argv[0], "cmd": body.cmd}
+            if body.argv[1:]:
+                tool_args["args"] = body.argv[1:]
+            argv = body.argv
+        approval = _RunRequest(server_name="ipybox", tool_name=body.kind, tool_args=tool_args)
+        try:
+            await self._approve(approval, f"ipybox.{body.kind}")
+        except _ToolCallError as exc:
+            return _error_response(exc.status, exc.kind, exc.message)
+        cell = body.cmd.encode() if body.kind == "shell_magic" else None
+        running = asyncio.ensure_future(
+            runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == "shell")
+        )
+        # The kernel closes the connection when its cell is interrupted: the command stops with it.
+        gone = asyncio.ensure_future(_disconnected(request.receive))
+        try:
+            await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not running.done():
+                running.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await running
+        if running.cancelled():
+            return Response(status_code=400)  # the client left; nobody reads this
+        try:
+            result = running.result()
+        except OSError as exc:
+            return _error_response(502, "failed", f"The shell command could not be started: {exc}")
+        return Response(
+            _json(
+                {
+                    "stdout": result.stdout.decode(errors="replace"),
+                    "stderr": result.stderr.decode(errors="replace"),
+                    "exit_code": result.exit_code,
+                    "stopped": result.stopped,
+                }
+            ),
+            media_type="application/json",
+        )
 
     async def _approval(self, websocket: WebSocket) -> None:
         if self._expected_approval_auth is not None:
@@ -721,6 +817,12 @@ class ToolServer:
             await session.start()
             self._sessions[server_name] = (session, params)
             return session
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has closed its connection (the request body was read before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _bind_unix(path: Path) -> socket.socket:
