@@ -203,6 +203,40 @@ async def test_one_output_message_of_hundreds_of_megabytes_is_refused_unread(exe
     assert (await executor.execute("print('next')")).text == "next"
 
 
+# --- Tool calls in flight hold a bounded total -------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_many_large_tool_calls_at_once_hold_a_bounded_total_in_the_application(
+    executor: CodeExecutor,
+) -> None:
+    # Each call is within the per-call limits (16 MiB out, 16 MiB back); without a total bound
+    # the application held every one of them at once, about 70 MiB per call.
+    code = (
+        "import asyncio\n"
+        "from mcptools.demo import echo\n"
+        "big = 'x' * (16 << 20)\n"
+        "async def one():\n"
+        "    try:\n"
+        "        return len(await echo.arun(echo.Params(text=big)))\n"
+        "    except Exception as e:\n"
+        "        return repr(e)[:300]\n"
+        "res = await asyncio.gather(*(one() for _ in range(40)))\n"
+        "print(sum(r == len(big) for r in res), [r for r in res if r != len(big)][:1])"
+    )
+    with PeakRss() as rss:
+        result = await executor.execute(code, timeout=600)
+    assert result.text is not None
+    done, failed = result.text.split(" ", 1)
+    # Calls wait for room rather than fail, unless a result arrives with no room left.
+    assert int(done) > 0, result.text
+    assert failed == "[]" or "max_inflight_size" in failed, result.text
+    # Held at once, 40 calls of 16 MiB grew the application by over 2.5 GiB; the total bound
+    # (128 MiB counted on the wire) keeps it to a small multiple of that bound.
+    assert rss.growth < 768 * MiB, rss.growth
+    assert (await executor.execute("print(len(echo.run(echo.Params(text='hi'))))")).text == "2"
+
+
 # --- Approval decisions that do not take effect -----------------------------------------------
 
 
