@@ -216,6 +216,82 @@ async def test_one_output_message_of_hundreds_of_megabytes_is_refused_unread(exe
     assert (await executor.execute("print('next')")).text == "next"
 
 
+# --- Tool calls in flight hold a bounded total -------------------------------------------------
+
+
+@pytest.mark.asyncio(loop_scope="module")
+async def test_many_large_tool_calls_at_once_hold_a_bounded_total_in_the_application(
+    executor: CodeExecutor,
+) -> None:
+    # Each call is within the per-call limits (16 MiB out, 16 MiB back); without a total bound
+    # the application held every one of them at once, about 70 MiB per call.
+    code = (
+        "import asyncio\n"
+        "from mcptools.demo import echo\n"
+        "big = 'x' * (16 << 20)\n"
+        "async def one():\n"
+        "    try:\n"
+        "        return len(await echo.arun(echo.Params(text=big)))\n"
+        "    except Exception as e:\n"
+        "        return repr(e)[:300]\n"
+        "res = await asyncio.gather(*(one() for _ in range(40)))\n"
+        "print(sum(r == len(big) for r in res), [r for r in res if r != len(big)][:1])"
+    )
+    with PeakRss() as rss:
+        result = await executor.execute(code, timeout=600)
+    assert result.text is not None
+    done, failed = result.text.split(" ", 1)
+    # Calls wait for room rather than fail, unless a result arrives with no room left.
+    assert int(done) > 0, result.text
+    assert failed == "[]" or "max_inflight_size" in failed, result.text
+    # Held at once, 40 calls of 16 MiB grew the application by over 2.5 GiB; the total bound
+    # (128 MiB counted on the wire) keeps it to a small multiple of that bound.
+    assert rss.growth < 768 * MiB, rss.growth
+    assert (await executor.execute("print(len(echo.run(echo.Params(text='hi'))))")).text == "2"
+
+
+async def test_calls_over_the_inflight_limit_wait_or_fail_alone_and_one_call_always_fits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(tool_server_module, "_INFLIGHT_WAIT", 1.0, raising=False)
+    requests: asyncio.Queue[ApprovalRequest] = asyncio.Queue()
+
+    async def hold(request: ApprovalRequest) -> None:
+        requests.put_nowait(request)
+
+    async with (
+        ToolServer(port=0, approval_required=True, log_level="WARNING", max_inflight_size=MiB) as server,
+        ApprovalClient(hold, port=server.port),
+    ):
+        runner = ToolRunner("demo", DEMO, port=server.port)
+        # A call over the whole limit is run when it is alone; while its approval waits it holds
+        # all of the limit, so the next call waits for room, then fails naming the limit, unasked.
+        big = asyncio.create_task(runner.run("echo", {"text": "a" * (2 * MiB)}))
+        first = await asyncio.wait_for(requests.get(), 30)
+        with pytest.raises(ToolRunnerError, match="max_inflight_size") as info:
+            await runner.run("echo", {"text": "b"})
+        assert "waited 1 s for room" in str(info.value) and "1.0 MiB" in str(info.value)
+        assert requests.empty()
+        await first.accept()
+        assert await big == "a" * (2 * MiB)
+
+        # A result that does not fit beside what other calls hold fails that call alone.
+        held = asyncio.create_task(runner.run("echo", {"text": "c" * (MiB - 4096)}))
+        waiting = await asyncio.wait_for(requests.get(), 30)
+        blob = asyncio.create_task(runner.run_content("blob", {"size": 100_000}))
+        await (await asyncio.wait_for(requests.get(), 30)).accept()
+        with pytest.raises(ToolRunnerError, match="did not fit") as info:
+            await blob
+        assert "max_inflight_size" in str(info.value)
+        await waiting.accept()
+        assert await held == "c" * (MiB - 4096)
+        assert server._inflight.held == 0
+
+        next_call = asyncio.create_task(runner.run_content("blob", {"size": 100_000}))
+        await (await asyncio.wait_for(requests.get(), 30)).accept()
+        assert len((await next_call).parts) == 1
+
+
 # --- Approval decisions that do not take effect -----------------------------------------------
 
 

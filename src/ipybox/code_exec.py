@@ -405,6 +405,9 @@ class CodeExecutor:
             try:
                 while (item := await items.get()) is not None:
                     if isinstance(item, ApprovalRequest):
+                        # Only undecided requests are kept (a request holds its arguments): a
+                        # cell making many calls does not keep them all until it ends.
+                        handed = [request for request in handed if not request.decided]
                         handed.append(item)
                     yield item
                 await runner

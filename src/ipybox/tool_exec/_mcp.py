@@ -749,7 +749,7 @@ async def _bounded_stdio(
     write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
     writer_done = anyio.Event()
 
-    async def deliver(line: bytes) -> None:
+    async def deliver(line: bytes | bytearray) -> None:
         try:
             message: Any = SessionMessage(
                 mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
@@ -793,7 +793,7 @@ async def _bounded_stdio(
                                 head, skipped = b"", 0
                             else:
                                 buffer += chunk[start:end]
-                                await deliver(bytes(buffer))
+                                await deliver(buffer)  # parsed before the first await: no copy
                                 buffer.clear()
                             start = end + 1
                         rest = len(chunk) - start

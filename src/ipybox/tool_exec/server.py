@@ -68,10 +68,11 @@ from ipybox.tool_exec.approval.server import (
     NoApprovalClientError,
 )
 
-__all__ = ["DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
+__all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
 
 DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 32 * 1024 * 1024
+DEFAULT_MAX_INFLIGHT_SIZE = 128 * 1024 * 1024
 # What a client may hold of the server: a request head (request line and headers) of this many
 # bytes, arriving within this many seconds of the connection (or of its previous request); a
 # body within _BODY_TIMEOUT; and this many open connections at once.
@@ -79,6 +80,10 @@ _MAX_HEAD_SIZE = 64 * 1024
 _HEAD_TIMEOUT = 10.0
 _BODY_TIMEOUT = 60.0
 _MAX_CONNECTIONS = 512
+# How long a request waits for room in the tool server's max_inflight_size before it fails.
+_INFLIGHT_WAIT = 60.0
+# An answer up to this size is sent in one message (asyncio's default write buffer limit).
+_SMALL_ANSWER = 64 * 1024
 # What an MCP message may carry besides the result itself (JSON-RPC envelope, escapes).
 _ENVELOPE_ALLOWANCE = 1024 * 1024
 
@@ -220,6 +225,73 @@ class _BodyTooLarge(Exception):
     """A request body over the tool server's ``max_request_size``."""
 
 
+class _InflightBudget:
+    """Bytes of requests and results held for the calls in flight, with a total limit.
+
+    A charge is cut to the limit, so that one call of any size is admitted when it is alone.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._waiters: list[asyncio.Future[None]] = []
+
+    def try_take(self, size: int) -> int | None:
+        """Take ``size`` bytes (cut to the limit) if they fit now; the bytes taken, else ``None``."""
+        size = min(size, self.limit)
+        if self.held + size > self.limit:
+            return None
+        self.held += size
+        return size
+
+    async def take(self, size: int) -> int:
+        """Take ``size`` bytes (cut to the limit), waiting for room; ``TimeoutError`` after ``_INFLIGHT_WAIT``."""
+        taken = self.try_take(size)
+        if taken is not None:
+            return taken
+        async with asyncio.timeout(_INFLIGHT_WAIT):
+            while (taken := self.try_take(size)) is None:
+                waiter = asyncio.get_running_loop().create_future()
+                self._waiters.append(waiter)
+                try:
+                    await waiter
+                finally:
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
+        return taken
+
+    def give(self, size: int) -> None:
+        """Give back bytes taken; every waiter checks again whether its call fits."""
+        self.held -= size
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+class _Charge:
+    """The bytes of the in-flight budget one request holds: its body, then its answer."""
+
+    def __init__(self, budget: _InflightBudget) -> None:
+        self.budget = budget
+        self.size = 0
+
+    async def take(self, size: int) -> None:
+        self.size = await self.budget.take(size)
+
+    def swap(self, size: int) -> bool:
+        """Hold ``size`` bytes instead of what is held, if they fit now; otherwise hold nothing."""
+        self.release()
+        taken = self.budget.try_take(size)
+        self.size = taken or 0
+        return taken is not None
+
+    def release(self) -> None:
+        if self.size:
+            self.budget.give(self.size)
+            self.size = 0
+
+
 class ToolServer:
     """HTTP server that runs MCP tools for code in a kernel, with optional approval.
 
@@ -273,6 +345,11 @@ class ToolServer:
         max_request_size: Bytes one request body (a tool call with its arguments) may have; a
             larger call fails alone with an error naming the limit. The body is read only after
             the token was checked, and must arrive within 60 s.
+        max_inflight_size: Bytes of request bodies and answers all calls in flight may hold
+            together (each counted by its size on the wire). A request waits for room before its
+            body is read (up to 60 s, then it fails with an error naming the limit); an answer
+            that does not fit when its result arrives fails that call alone. One call is counted
+            at most this size, so a call of any size up to the limits is run when it is alone.
         kernel_writable: Folders a sandboxed kernel can write (also settable as an attribute once
             the kernel's sandbox is known): a stdio server whose program, arguments or working
             directory lie there is refused (see the README's sandbox section).
@@ -300,6 +377,7 @@ class ToolServer:
         uds: Path | str | None = None,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
         max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
+        max_inflight_size: int = DEFAULT_MAX_INFLIGHT_SIZE,
         kernel_writable: tuple[Path, ...] = (),
         scope: Path | None = None,
         shell_runner: ShellRunner | None = None,
@@ -310,7 +388,13 @@ class ToolServer:
             raise ValueError(
                 f"max_request_size must be a positive number of bytes, not {max_request_size!r}."
             )
+        if max_inflight_size <= 0:
+            raise ValueError(
+                f"max_inflight_size must be a positive number of bytes, not {max_inflight_size!r}."
+            )
         self.max_request_size = max_request_size
+        self.max_inflight_size = max_inflight_size
+        self._inflight = _InflightBudget(max_inflight_size)
         self.host = host
         self.uds = Path(uds) if uds is not None else None
         self.max_result_size = max_result_size
@@ -472,7 +556,14 @@ class ToolServer:
     async def _approve_endpoint(self, request: Request) -> Response:
         if not self._authorized(request.headers.get("authorization", "").encode()):
             return _error_response(401, "failed", _UNAUTHORIZED)
-        raw = await self._read_body(request.headers.get("content-length"), request.receive)
+        charge = _Charge(self._inflight)
+        try:
+            return await self._approve_body(request, charge)
+        finally:
+            charge.release()
+
+    async def _approve_body(self, request: Request, charge: _Charge) -> Response:
+        raw = await self._read_body(request.headers.get("content-length"), request.receive, charge)
         if raw is None:
             return Response(status_code=400)  # the client left; nobody reads this
         if isinstance(raw, tuple):
@@ -482,6 +573,7 @@ class ToolServer:
             body = _RunRequest.model_validate_json(raw)
         except ValidationError as exc:
             return _error_response(400, "failed", f"The approval request is malformed: {_summarise(exc)}")
+        del raw
         if body.server_params:
             return _error_response(400, "failed", "An approval request cannot carry server_params.")
         try:
@@ -583,73 +675,112 @@ class ToolServer:
                     length = value
             # The token is checked before a byte of the body is read: a client without it is
             # answered at once and holds nothing.
-            if not self._authorized(authorization):
-                status, content = _error(401, "failed", _UNAUTHORIZED)
-            else:
-                body = await self._read_body(length, receive)
-                if body is None:
-                    return
-                status, content = body if isinstance(body, tuple) else await self._handle_run(body)
-            headers = [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(content)).encode()),
-            ]
-            await send({"type": "http.response.start", "status": status, "headers": headers})
-            await send({"type": "http.response.body", "body": content})
+            charge = _Charge(self._inflight)
+            try:
+                if not self._authorized(authorization):
+                    status, content = _error(401, "failed", _UNAUTHORIZED)
+                else:
+                    answer = await self._run(length, receive, charge)
+                    if answer is None:
+                        return
+                    status, content = answer
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(content)).encode()),
+                ]
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                if len(content) <= _SMALL_ANSWER:
+                    await send({"type": "http.response.body", "body": content})
+                else:
+                    # A large answer stays counted until the client has taken most of it: the
+                    # last, empty message waits while the connection's write buffer is full.
+                    await send({"type": "http.response.body", "body": content, "more_body": True})
+                    del content
+                    await send({"type": "http.response.body", "body": b""})
+            finally:
+                charge.release()
         else:
             await self._app(scope, receive, send)
 
+    async def _run(self, length: bytes | None, receive: Receive, charge: _Charge) -> tuple[int, bytes] | None:
+        """The answer to a ``/run`` request whose token was checked; ``None`` if the client left."""
+        raw = await self._read_body(length, receive, charge)
+        if raw is None or isinstance(raw, tuple):
+            return raw
+        try:
+            body = _RunRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            return _error(400, "failed", f"The tool call request is malformed: {_summarise(exc)}")
+        del raw  # the parsed request is all that is kept of it
+        return await self._handle_run(body, charge)
+
     async def _read_body(
-        self, length: bytes | str | None, receive: Receive
-    ) -> bytes | tuple[int, bytes] | None:
+        self, length: bytes | str | None, receive: Receive, charge: _Charge
+    ) -> bytes | bytearray | tuple[int, bytes] | None:
         """A request's body; an error answer if it is too large or too slow; ``None`` if the client left.
 
-        A body over ``max_request_size`` is read to its end without being kept, so that an honest
+        Before the body is read, ``charge`` takes its size (its Content-Length, else
+        ``max_request_size``) of the in-flight budget, waiting for room. A body refused (over
+        ``max_request_size``, or no room) is read to its end without being kept, so that an honest
         client gets the answer rather than a connection reset while it is still sending.
         """
-        parts: list[bytes] = []
-        size = 0
         try:
-            if length is not None and int(length) > self.max_request_size:
-                raise _BodyTooLarge
+            expected = int(length) if length is not None else None
+        except ValueError:
+            return _error(400, "failed", "The request's Content-Length is not a number.")
+        if expected is not None and expected > self.max_request_size:
+            return await self._refuse_body(receive, 413, self._request_too_large())
+        try:
+            await charge.take(self.max_request_size if expected is None else expected)
+        except TimeoutError:
+            return await self._refuse_body(
+                receive,
+                503,
+                f"The tool call was not run: it waited {_INFLIGHT_WAIT:g} s for room in the tool server's limit "
+                f"of {_size(self.max_inflight_size)} for the requests and answers of all calls in flight "
+                "(ToolServer max_inflight_size); make fewer large calls at once.",
+            )
+        buffer = bytearray()
+        try:
             async with asyncio.timeout(_BODY_TIMEOUT):
                 while True:
                     message = await receive()
                     if message["type"] == "http.disconnect":
                         return None
                     chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > self.max_request_size:
-                        raise _BodyTooLarge
-                    parts.append(chunk)
-                    if not message.get("more_body", False):
-                        return b"".join(parts)
-        except ValueError:
-            return _error(400, "failed", "The request's Content-Length is not a number.")
+                    more = message.get("more_body", False)
+                    if len(buffer) + len(chunk) > self.max_request_size:
+                        break
+                    if not more and not buffer:
+                        return bytes(chunk)  # the whole body in one message (bytes(b) is b: no copy)
+                    buffer += chunk
+                    if not more:
+                        return buffer
         except TimeoutError:
             return _error(408, "failed", f"The request body did not arrive within {_BODY_TIMEOUT:g} s.")
-        except _BodyTooLarge:
-            parts.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(_BODY_TIMEOUT):
-                    message = {"more_body": True}
-                    while message.get("more_body", False):
-                        message = await receive()
-                        if message["type"] == "http.disconnect":
-                            return None
-            return _error(
-                413,
-                "failed",
-                f"The tool call is over the tool server's limit of {_size(self.max_request_size)} per request "
-                "(ToolServer max_request_size) and was not run; pass large data another way (write it to a "
-                "file and pass its path), or in smaller parts.",
-            )
+        del buffer
+        return await self._refuse_body(receive, 413, self._request_too_large())
 
-    async def _handle_run(self, raw_body: bytes) -> tuple[int, bytes]:
-        try:
-            body = _RunRequest.model_validate_json(raw_body)
-        except ValidationError as exc:
-            return _error(400, "failed", f"The tool call request is malformed: {_summarise(exc)}")
+    async def _refuse_body(self, receive: Receive, status: int, message: str) -> tuple[int, bytes] | None:
+        """Read the rest of a refused body without keeping it, then the error answer; ``None`` if the client left."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_BODY_TIMEOUT):
+                more = True
+                while more:
+                    received = await receive()
+                    if received["type"] == "http.disconnect":
+                        return None
+                    more = received.get("more_body", False)
+        return _error(status, "failed", message)
+
+    def _request_too_large(self) -> str:
+        return (
+            f"The tool call is over the tool server's limit of {_size(self.max_request_size)} per request "
+            "(ToolServer max_request_size) and was not run; pass large data another way (write it to a "
+            "file and pass its path), or in smaller parts."
+        )
+
+    async def _handle_run(self, body: _RunRequest, charge: _Charge) -> tuple[int, bytes]:
         call = f"{body.server_name}.{body.tool_name}"
         try:
             params = self._server_params(body)
@@ -661,6 +792,7 @@ class ToolServer:
             else:
                 session = await self._session(body.server_name, params, call)
             result = await session.call_tool_content(body.tool_name, body.tool_args)
+            body.tool_args = {}  # no longer needed: not held while the answer is made
         except _ToolCallError as exc:
             return _error(exc.status, exc.kind, exc.message)
         except MCPServerError as exc:
@@ -685,6 +817,17 @@ class ToolServer:
             answer = _json({"result": "\n".join(texts) if texts else None})
         if len(answer) > self.max_result_size:
             return self._too_large(call, len(answer))
+        del result
+        # The answer is counted instead of the request from here until it is sent.
+        if not charge.swap(len(answer)):
+            return _error(
+                503,
+                "failed",
+                f"Tool call {call} failed: its result of {_size(len(answer))} did not fit in the tool server's "
+                f"limit of {_size(self.max_inflight_size)} for the requests and answers of all calls in flight "
+                "(ToolServer max_inflight_size) while other calls held it; make fewer large calls at once, "
+                "or ask the tool for less at a time.",
+            )
         return 200, answer
 
     async def _check_call(self, session: MCPSession, body: _RunRequest, call: str) -> None:
