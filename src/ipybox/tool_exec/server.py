@@ -585,7 +585,12 @@ class ToolServer:
     async def _shell_endpoint(self, request: Request) -> Response:
         if not self._authorized(request.headers.get("authorization", "").encode()):
             return _error_response(401, "failed", _UNAUTHORIZED)
-        raw = await self._read_body(request.headers.get("content-length"), request.receive)
+        # The body (a command line) counts toward the in-flight budget only while it is read.
+        charge = _Charge(self._inflight)
+        try:
+            raw = await self._read_body(request.headers.get("content-length"), request.receive, charge)
+        finally:
+            charge.release()
         if raw is None:
             return Response(status_code=400)  # the client left; nobody reads this
         if isinstance(raw, tuple):
