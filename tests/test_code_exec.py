@@ -294,6 +294,26 @@ async def test_cancel_right_after_the_execution_was_submitted_still_lands(execut
         await execution
 
 
+async def test_cancels_landing_anywhere_in_an_execution_always_end_it(executor: CodeExecutor) -> None:
+    """An interrupt that lands before the cell's code runs or after it ends still ends the
+    execution: ipykernel dropped such a request's reply, and the execution hung (seen under load)."""
+    for round_ in range(40):
+        execution = asyncio.create_task(executor.execute(f"x = {round_}"))
+        while not executor._lock.locked():  # noqa: ASYNC110  # the lock is taken on the task's first step
+            await asyncio.sleep(0)
+        # Spread over the whole execution: some before the kernel starts it, some during, some after.
+        for _ in range(round_ % 8):
+            await asyncio.sleep(0)
+        await executor.cancel()
+        try:
+            result = await asyncio.wait_for(execution, 60)
+        except CodeExecutionError as exc:
+            assert exc.ename == "KeyboardInterrupt", exc
+        else:
+            assert result.text is None
+    assert (await executor.execute("print('next')")).text == "next"
+
+
 async def test_a_second_stream_waits_for_the_first(executor: CodeExecutor) -> None:
     first = asyncio.create_task(executor.execute("import time\ntime.sleep(0.5)\nprint('first')"))
     second = asyncio.create_task(executor.execute("print('second')"))

@@ -190,6 +190,7 @@ class CodeExecutor:
         self._gateway: KernelGateway | None = None
         self._lock = asyncio.Lock()
         self._requests: asyncio.Queue[_Item | None] | None = None
+        self._runner: asyncio.Task[None] | None = None
         self._socket_dir: Path | None = None
 
     async def __aenter__(self) -> Self:
@@ -342,8 +343,11 @@ class CodeExecutor:
             RuntimeError: If the executor is not started.
         """
         kernel, _ = self._require_started()
-        if self._lock.locked():
-            await kernel.interrupt(wait_until_started=True)
+        runner = self._runner
+        if self._lock.locked() and runner is not None and not runner.done():
+            # Sent once the kernel has started the code, however long that takes, unless the
+            # execution ends first.
+            await kernel.interrupt(wait_until_started=True, ended=runner)
 
     async def execute(self, code: str, timeout: float = 120) -> CodeExecutionResult:
         """Run code, approving every tool call it makes, and return the result.
@@ -401,6 +405,7 @@ class CodeExecutor:
             runner = asyncio.create_task(
                 self._run(kernel.stream(code, timeout=timeout), kernel, chunks, items)
             )
+            self._runner = runner
             handed: list[ApprovalRequest] = []
             try:
                 while (item := await items.get()) is not None:

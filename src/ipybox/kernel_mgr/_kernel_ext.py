@@ -65,6 +65,7 @@ def load_ipython_extension(ip: Any) -> None:
     _hide_marked_frames(ip)
     _count_cell_lines()
     _bound_output_messages()
+    _reply_to_every_interrupt(ip)
     _show_figures_of_file_backends(ip)
     _own_python_first(ip)
     working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
@@ -82,6 +83,75 @@ def load_ipython_extension(ip: Any) -> None:
         _approve_shell_commands(ip)
     if require_escape:
         _require_shell_escape(ip)
+
+
+def _reply_to_every_interrupt(ip: Any) -> None:
+    """Answer every execution, wherever an interrupt lands in it.
+
+    ipykernel takes SIGINT as ``KeyboardInterrupt`` for the whole time it handles a request. One
+    that lands outside the cell's own code (just after the request was announced, in IPython's
+    hooks, while Python compiles the cell, where CPython 3.11 turns it into a ``SystemError``, or
+    while the reply is flushed) escapes the handler, which ipykernel logs and drops: the request
+    got no reply, and the client waited until its timeout (a cancel right after submitting hung
+    this way under load). Here an interrupt outside `do_execute` is only noted, one noted before
+    the cell starts stops it at once, and whatever escapes `do_execute` becomes the request's
+    error reply, named ``KeyboardInterrupt`` when an interrupt arrived.
+    """
+    import signal
+    import threading
+
+    kernel = getattr(ip, "kernel", None)
+    execute = getattr(kernel, "do_execute", None)
+    if kernel is None or execute is None or not hasattr(kernel, "pre_handler_hook"):
+        return
+    noted = False
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        nonlocal noted
+        noted = True
+
+    def pre_handler_hook() -> None:
+        nonlocal noted
+        noted = False
+        kernel.saved_sigint_handler = signal.signal(signal.SIGINT, note)
+
+    async def do_execute(*args: Any, **kwargs: Any) -> Any:
+        interrupted = False
+
+        def on_interrupt(signum: int, frame: FrameType | None) -> None:
+            nonlocal interrupted
+            interrupted = True
+            raise KeyboardInterrupt
+
+        main = threading.current_thread() is threading.main_thread()
+        if main:
+            signal.signal(signal.SIGINT, on_interrupt)
+        try:
+            if noted:  # arrived after the request was announced, before the cell started
+                interrupted = True
+                raise KeyboardInterrupt
+            return await execute(*args, **kwargs)
+        except (Exception, KeyboardInterrupt) as exc:  # broad: a request must never go unanswered
+            name = (
+                "KeyboardInterrupt"
+                if interrupted or isinstance(exc, KeyboardInterrupt)
+                else type(exc).__name__
+            )
+            return {
+                "status": "error",
+                "execution_count": getattr(kernel, "execution_count", None),
+                "ename": name,
+                "evalue": f"the execution was stopped outside the cell's code ({type(exc).__name__})",
+                "traceback": [f"{name}: the execution was stopped outside the cell's code"],
+                "user_expressions": {},
+                "payload": [],
+            }
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, note)
+
+    kernel.pre_handler_hook = pre_handler_hook
+    kernel.do_execute = do_execute
 
 
 # Output a cell writes is sent at least every this many characters, whatever the load.

@@ -66,6 +66,12 @@ class ExecutionResult:
     images: list[Path] = field(default_factory=list)
 
 
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
 @dataclass
 class _Kernel:
     """One kernel on the gateway with its open channels WebSocket."""
@@ -79,6 +85,9 @@ class _Kernel:
     # Why the connection ended, when the client itself ended it (a message over the size limit).
     lost_because: str | None = None
     busy: asyncio.Event = field(default_factory=asyncio.Event)
+    # Executions submitted and not yet collected; `settled` is set while there are none.
+    pending: int = 0
+    settled: asyncio.Event = field(default_factory=_set_event)
 
 
 class KernelClient:
@@ -263,7 +272,9 @@ class KernelClient:
         self._closing.add(closing)
         closing.add_done_callback(self._closing.discard)
 
-    async def interrupt(self, *, wait_until_started: bool = False) -> None:
+    async def interrupt(
+        self, *, wait_until_started: bool = False, ended: asyncio.Future[Any] | None = None
+    ) -> None:
         """Interrupt the code running in the kernel, as Ctrl-C would.
 
         The running `execute` or `stream` then raises `ExecutionError` with
@@ -271,17 +282,31 @@ class KernelClient:
 
         Args:
             wait_until_started: If the execution to interrupt was submitted but the kernel
-                has not started it yet, wait (a few seconds at most) until it has: a
-                kernel ignores interrupts between executions.
+                has not started it yet, wait until it has (or until it ended): a kernel
+                between executions ignores an interrupt, or drops the request it was about to
+                run. However long the kernel takes to start it (a busy machine), the interrupt
+                is sent only then.
+            ended: With `wait_until_started`, what finishes when the execution to interrupt has
+                ended (the task consuming its `stream`); by default, the end of every execution
+                already submitted.
 
         Raises:
             KernelConnectionError: If not connected to a kernel, or the gateway cannot be reached.
         """
         kernel_id = self.kernel_id
         assert self._http is not None and self._kernel is not None
-        if wait_until_started:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kernel.busy.wait(), _INTERRUPT_GRACE)
+        kernel = self._kernel
+        if wait_until_started and not kernel.busy.is_set():
+            started = asyncio.ensure_future(kernel.busy.wait())
+            done = ended if ended is not None else asyncio.ensure_future(kernel.settled.wait())
+            try:
+                await asyncio.wait({started, done}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                started.cancel()
+                if ended is None:
+                    done.cancel()
+            if not kernel.busy.is_set():
+                return  # every execution ended before it started: nothing to interrupt
         try:
             await self._http.post(f"/api/kernels/{kernel_id}/interrupt")
         except httpx.HTTPError as exc:
@@ -343,11 +368,14 @@ class KernelClient:
                     ename="KernelDied",
                 )
             kernel.queues[msg_id] = queue
+            kernel.pending += 1
+            kernel.settled.clear()
             try:
                 await kernel.ws.send(_execute_request(kernel.session, msg_id, code))
             except websockets.ConnectionClosed:
                 # Gone before the receiver noticed (the gateway died between executions).
                 kernel.queues.pop(msg_id, None)
+                self._settle(kernel)
                 self._kernel_died(kernel)
                 raise KernelDiedError(
                     "The connection to the kernel closed before the code could be sent; its "
@@ -360,6 +388,7 @@ class KernelClient:
         finally:
             kernel.queues.pop(msg_id, None)
             kernel.busy.clear()
+            self._settle(kernel)
             # Booting the spare only after the first execution keeps it from competing
             # with the kernel that is starting up.
             self._start_spare()
@@ -449,6 +478,12 @@ class KernelClient:
             )
         result = kept.text().strip("\n")
         yield ExecutionResult(text=result or None, images=images)
+
+    @staticmethod
+    def _settle(kernel: _Kernel) -> None:
+        kernel.pending -= 1
+        if kernel.pending == 0:
+            kernel.settled.set()
 
     def _display(self, data: Any, images: list[Path]) -> str | None:
         """Save a display bundle's PNG, or return its text; a note for one that cannot be read."""
