@@ -162,11 +162,12 @@ async def test_a_traceback_inside_a_comprehension_shows_the_comprehensions_lines
 
 
 async def test_a_server_that_fails_to_start_tells_the_kernel_why_without_its_secrets(
-    executor: CodeExecutor, workdir: Path, monkeypatch: pytest.MonkeyPatch
+    executor: CodeExecutor, workdir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Registered while it works; later it fails at start, printing its ${VAR}-filled key to stderr.
+    # Its flag lies outside the working directory: a sandboxed kernel's server may name nothing there.
     monkeypatch.setenv("IPYBOX_TEST_FLAKY_KEY", "sk-flaky-secret-value")
-    flag = workdir / "flaky-works"
+    flag = tmp_path / "flaky-works"
     flag.touch()
     script = (
         "import os, sys\n"
