@@ -233,7 +233,9 @@ async def test_sandbox_works_in_the_container_with_the_documented_options_and_to
         "    except Exception as exc:\n"
         "        return 'blocked'\n"
         "print(attempt(lambda: open('/app/state/planted', 'w').write('x')))\n"
-        "print(attempt(lambda: open('/home/ipybox/planted', 'w').write('x')))\n"
+        # The application's own environment, writable by the container's user outside the sandbox.
+        # (The home folder is hidden: writes there land in an empty private folder and vanish.)
+        "print(attempt(lambda: open('/app/.venv/planted', 'w').write('x')))\n"
         "print(attempt(lambda: urllib.request.urlopen('https://pypi.org/simple/', timeout=10)))\n"
     )
     shutil.copy(ROOT / "examples" / "library_server.py", workspace / "library_server.py")
