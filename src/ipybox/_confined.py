@@ -34,6 +34,8 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from types import TracebackType
 from typing import NoReturn, Self
 
+from ipybox.kernel_mgr._sandbox import PROTECTED_WORKSPACE_DIRS
+
 __all__ = [
     "PROTECTED_NAMES",
     "Confined",
@@ -54,23 +56,16 @@ _DIR_FLAGS = os.O_RDONLY | _DIRECTORY | _NOFOLLOW | _CLOEXEC
 
 PROTECTED_NAMES = frozenset(
     {
+        # The folders the sandbox keeps unwritable (git, editors, agents, hook set-ups) ...
+        *PROTECTED_WORKSPACE_DIRS,
+        # ... and the files that hold secrets or the sandbox's and agents' settings. Not the
+        # sandbox's other protected files (``HEAD``, ``.bashrc``): compared at any depth and
+        # without case, those names would refuse ordinary data (a ``head/`` folder).
         ".env",
         "sandbox-config.json",
         "srt-settings.json",
         ".srt-settings.json",
         ".mcp.json",
-        ".claude",
-        ".git",
-        ".vscode",
-        ".idea",
-        ".cursor",
-        ".gemini",
-        ".roo",
-        ".amazonq",
-        ".windsurf",
-        ".codex",
-        ".continue",
-        ".husky",
     }
 )
 """Names (of a file or a folder, at any depth, compared without case) that the trusted side

@@ -20,8 +20,7 @@ def test_escape_sequences_split_across_chunks_are_removed_whole(cuts: list[int])
 def test_kept_text_is_whole_up_to_its_limit_and_else_its_head_and_tail() -> None:
     import random
 
-    from ipybox.kernel_mgr.client import _KeptText
-    from ipybox.mcp_server._output import KeptOutput
+    from ipybox.kernel_mgr.client import KeptText
 
     rng = random.Random(7)
     for _ in range(300):
@@ -30,7 +29,7 @@ def test_kept_text_is_whole_up_to_its_limit_and_else_its_head_and_tail() -> None
             "".join(rng.choice("abc\n") for _ in range(rng.randint(0, 25))) for _ in range(rng.randint(0, 12))
         ]
         whole = "".join(chunks)
-        for kept in (_KeptText(limit), KeptOutput(limit)):
+        for kept in (KeptText(limit),):
             for chunk in chunks:
                 kept.append(chunk)
             text = kept.text()

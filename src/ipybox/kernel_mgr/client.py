@@ -6,6 +6,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -396,7 +397,7 @@ class KernelClient:
     async def _collect(
         self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
     ) -> AsyncGenerator[str | ExecutionResult, None]:
-        kept = _KeptText(self.max_output_chars)
+        kept = KeptText(self.max_output_chars)
         images: list[Path] = []
         error: dict[str, Any] | None = None
         idle = replied = False
@@ -638,12 +639,12 @@ def _skipped(what: str, why: str) -> str:
     return f"[ipybox skipped {what}: {why}]\n"
 
 
-class _KeptText:
+class KeptText:
     """The output text an execution keeps: whole up to `limit` characters, else its head and tail.
 
     The head takes the first half of the limit and the tail the last output that fits the
     other half; what lies between is counted and dropped, so memory stays bounded however much
-    a kernel prints.
+    a kernel prints. The MCP server keeps a running cell's output with it too.
     """
 
     def __init__(self, limit: int) -> None:
@@ -676,7 +677,17 @@ class _KeptText:
             self._tail_size -= cut
             self._dropped += cut
 
+    def __bool__(self) -> bool:
+        return bool(self._head)
+
+    def recent(self, count: int = 10) -> str:
+        """The last `count` chunks joined (for progress reports while a cell runs)."""
+        tail = list(itertools.islice(reversed(self._tail), count))[::-1]
+        head = self._head[len(self._head) - (count - len(tail)) :] if len(tail) < count else []
+        return "".join([*head, *tail])
+
     def text(self) -> str:
+        """Everything kept, with a note where output was dropped."""
         if not self._dropped:
             return "".join(self._head) + "".join(self._tail)
         note = (

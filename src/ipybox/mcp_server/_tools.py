@@ -22,7 +22,7 @@ from ipybox.errors import (
     MCPServerError,
     ServerParamsError,
 )
-from ipybox.kernel_mgr.client import DEFAULT_MAX_OUTPUT_CHARS
+from ipybox.kernel_mgr.client import DEFAULT_MAX_OUTPUT_CHARS, KeptText
 from ipybox.mcp_server import _files, _output
 from ipybox.mcp_server._install import Installer, InstallError
 from ipybox.tool_exec.approval.client import ApprovalRequest
@@ -297,7 +297,7 @@ class ToolSession:
                 f"max_output_chars must be at least {_MIN_OUTPUT_CHARS} (got {max_output_chars}); "
                 "long output keeps its head and tail anyway, with the whole saved to a file."
             )
-        output = _output.KeptOutput(DEFAULT_MAX_OUTPUT_CHARS)
+        output = KeptText(DEFAULT_MAX_OUTPUT_CHARS)
         result: CodeExecutionResult | None = None
         failure: str | None = None
         async with anyio.create_task_group() as tasks:
@@ -469,7 +469,7 @@ def _shown(path: str) -> str:
     return "/".join(relative_parts(path))
 
 
-async def _report_progress(progress: Progress, output: _output.KeptOutput) -> None:
+async def _report_progress(progress: Progress, output: KeptText) -> None:
     start = time.monotonic()
     sent_at, sent_line = start, ""
     while True:
