@@ -295,6 +295,36 @@ async def test_cancel_right_after_the_execution_was_submitted_still_lands(execut
         await execution
 
 
+async def test_a_cancel_landing_in_an_ipython_hook_still_stops_the_cell(executor: CodeExecutor) -> None:
+    """IPython runs its pre-execution hooks after the request was announced and swallows a
+    KeyboardInterrupt raised in one ("Error in callback"), then ran the cell anyway: a cancel
+    that landed there was lost (about 1 in 50 cancels right after submitting, under load).
+    The hook here returns once the interrupt has arrived, so the interrupt always lands in it."""
+    await executor.execute(
+        "import signal, time\n"
+        "def _until_interrupted(info):\n"
+        "    get_ipython().events.unregister('pre_run_cell', _until_interrupted)\n"
+        "    arrived, handler = [], signal.getsignal(signal.SIGINT)\n"
+        "    def spy(signum, frame):\n"
+        "        arrived.append(signum)\n"
+        "        handler(signum, frame)\n"
+        "    signal.signal(signal.SIGINT, spy)\n"
+        "    try:\n"
+        "        while not arrived:\n"
+        "            time.sleep(0.01)\n"
+        "    finally:\n"
+        "        signal.signal(signal.SIGINT, handler)\n"
+        "get_ipython().events.register('pre_run_cell', _until_interrupted)"
+    )
+    execution = asyncio.create_task(executor.execute("cell_ran = True"))
+    while not executor._lock.locked():  # noqa: ASYNC110  # the lock is taken on the task's first step
+        await asyncio.sleep(0)
+    await executor.cancel()
+    with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
+        await execution
+    assert (await executor.execute("print('cell_ran' in globals())")).text == "False"
+
+
 async def test_cancels_landing_anywhere_in_an_execution_always_end_it(executor: CodeExecutor) -> None:
     """An interrupt that lands before the cell's code runs or after it ends still ends the
     execution: ipykernel dropped such a request's reply, and the execution hung (seen under load)."""

@@ -95,7 +95,10 @@ def _reply_to_every_interrupt(ip: Any) -> None:
     got no reply, and the client waited until its timeout (a cancel right after submitting hung
     this way under load). Here an interrupt outside `do_execute` is only noted, one noted before
     the cell starts stops it at once, and whatever escapes `do_execute` becomes the request's
-    error reply, named ``KeyboardInterrupt`` when an interrupt arrived.
+    error reply, named ``KeyboardInterrupt`` when an interrupt arrived. IPython's hooks
+    (``pre_execute``, ``pre_run_cell``, ...) run after the request was announced and swallow a
+    ``KeyboardInterrupt`` raised in one ("Error in callback"), then ran the cell anyway; an
+    interrupt landing in a hook is held until the hooks are done and raised then, outside them.
     """
     import signal
     import threading
@@ -105,6 +108,22 @@ def _reply_to_every_interrupt(ip: Any) -> None:
     if kernel is None or execute is None or not hasattr(kernel, "pre_handler_hook"):
         return
     noted = False
+    in_hooks = held = False
+    trigger = ip.events.trigger
+
+    def trigger_then_interrupt(event: str, *args: Any, **kwargs: Any) -> None:
+        nonlocal in_hooks, held
+        if in_hooks:  # a hook that triggers another event
+            trigger(event, *args, **kwargs)
+            return
+        in_hooks, held = True, False
+        try:
+            trigger(event, *args, **kwargs)
+        finally:
+            in_hooks = False
+        if held:
+            held = False
+            raise KeyboardInterrupt
 
     def note(signum: int, frame: FrameType | None) -> None:
         nonlocal noted
@@ -119,8 +138,11 @@ def _reply_to_every_interrupt(ip: Any) -> None:
         interrupted = False
 
         def on_interrupt(signum: int, frame: FrameType | None) -> None:
-            nonlocal interrupted
+            nonlocal interrupted, held
             interrupted = True
+            if in_hooks:
+                held = True
+                return
             raise KeyboardInterrupt
 
         main = threading.current_thread() is threading.main_thread()
@@ -152,6 +174,7 @@ def _reply_to_every_interrupt(ip: Any) -> None:
 
     kernel.pre_handler_hook = pre_handler_hook
     kernel.do_execute = do_execute
+    ip.events.trigger = trigger_then_interrupt
 
 
 # Output a cell writes is sent at least every this many characters, whatever the load.
