@@ -8,16 +8,17 @@ fails when:
 - a documented public name, or a public member of it, has no docstring;
 - a name a public module exports (its ``__all__``) is missing from the reference.
 
-Names of the standard library and of other packages, private ipybox names (a ``_`` module or
-name, as a private base class or a parameter's type) and type variables are shown unlinked
-(``nitpick_ignore_regex``).
+Names of other packages and the standard library (``pathlib.Path``), private ipybox names (a
+``_`` module or name: a private base class, a parameter's type) and type variables are shown
+unlinked instead (``_leave_unlinked``).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from sphinx.application import Sphinx
 from sphinx.util import logging
@@ -32,16 +33,8 @@ html_title = "ipybox API reference"
 default_role = "code"
 
 nitpicky = True
-# Every dotted name not under ipybox, and the usual short names of the standard library and
-# typing, in signatures and docstrings.
-nitpick_ignore_regex = [
-    (r"py:.*", r"(?!ipybox\.)[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z0-9_.]+"),
-    (r"py:.*", r"(Path|Any|Literal|Callable|Awaitable|AsyncIterator|Iterator|Mapping|Sequence|Self)"),
-    (r"py:.*", r"ipybox(\.[A-Za-z0-9_]+)*\._[A-Za-z0-9_.]*"),
-    (r"py:class", r"ipybox(\.[A-Za-z0-9_]+)*\.[A-Z]"),
-]
 
-autodoc_default_options = {"members": True, "undoc-members": True, "show-inheritance": True}
+autodoc_default_options = {"members": True, "undoc-members": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
@@ -85,9 +78,20 @@ def _skip_plain_attributes(
     return None
 
 
-def _drop_object_base(app: Sphinx, name: str, obj: Any, options: Any, bases: list[type]) -> None:
-    if bases == [object]:
-        bases.clear()
+def _leave_unlinked(app: Sphinx, env: Any, node: Any, contnode: Any) -> Any:
+    target: str = node.get("reftarget", "")
+    if node.get("refdomain") != "py" or "." not in target:
+        return None
+    root = target.split(".")[0]
+    if root != "ipybox":
+        return contnode if importlib.util.find_spec(root) is not None else None
+    if any(part.startswith("_") for part in target.split(".")):
+        return contnode
+    try:
+        value = _resolve(target)
+    except (LookupError, AttributeError):
+        return None
+    return contnode if isinstance(value, TypeVar | ParamSpec) else None
 
 
 def _resolve(fullname: str) -> Any:
@@ -126,5 +130,5 @@ def _check_every_public_name_is_documented(app: Sphinx, env: Any) -> None:
 def setup(app: Sphinx) -> None:
     app.connect("autodoc-process-docstring", _warn_on_missing_docstring)
     app.connect("autodoc-skip-member", _skip_plain_attributes)
-    app.connect("autodoc-process-bases", _drop_object_base)
+    app.connect("missing-reference", _leave_unlinked)
     app.connect("env-check-consistency", _check_every_public_name_is_documented)
