@@ -75,15 +75,15 @@ class CodeExecutor:
     executor, so code in the kernel cannot run, approve or redirect tool calls itself.
 
     Example:
-        ```python
-        async with CodeExecutor() as executor:
-            async for item in executor.stream(code):
-                match item:
-                    case ApprovalRequest():
-                        await item.accept()
-                    case CodeExecutionResult():
-                        print(item.text)
-        ```
+        .. code-block:: python
+
+            async with CodeExecutor() as executor:
+                async for item in executor.stream(code):
+                    match item:
+                        case ApprovalRequest():
+                            await item.accept()
+                        case CodeExecutionResult():
+                            print(item.text)
 
     Args:
         tool_server_host: Host the tool server binds to (the kernel connects to it).

@@ -114,6 +114,7 @@ class MCPServerError(IpyboxError):
 
 
 ToolCallOutcome = Literal["rejected", "expired", "failed"]
+"""How a tool call ended without a result (the type of ``ToolRunnerError.kind``)."""
 
 
 class ToolRunnerError(IpyboxError):

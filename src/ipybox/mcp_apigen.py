@@ -1,6 +1,6 @@
 """Generate a typed Python API (one module per tool) from the tool schemas of an MCP server.
 
-:func:`generate_mcp_sources` lists a server's tools and writes ``root_dir/<server_name>/``:
+:func:`~ipybox.generate_mcp_sources` lists a server's tools and writes ``root_dir/<server_name>/``:
 an ``__init__.py`` whose docstring lists the tools, and one module per tool with
 
 - ``Params``: a Pydantic v2 model of the tool's input schema (nested models for nested

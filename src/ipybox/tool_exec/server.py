@@ -314,11 +314,11 @@ class ToolServer:
       token, never the approval secret.
 
     Example:
-        ```python
-        async with ToolServer(approval_required=True) as server:
-            async with ApprovalClient(callback=on_approval_request, port=server.port):
-                ...  # execute code that calls MCP tools
-        ```
+        .. code-block:: python
+
+            async with ToolServer(approval_required=True) as server:
+                async with ApprovalClient(callback=on_approval_request, port=server.port):
+                    ...  # execute code that calls MCP tools
 
     Args:
         host: Hostname the server binds to.

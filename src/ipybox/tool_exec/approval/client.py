@@ -25,13 +25,13 @@ class ApprovalRequest:
     what runs.
 
     Example:
-        ```python
-        async def on_approval_request(request: ApprovalRequest) -> None:
-            if request.tool_name == "delete_everything":
-                await request.reject()
-            else:
-                await request.accept()
-        ```
+        .. code-block:: python
+
+            async def on_approval_request(request: ApprovalRequest) -> None:
+                if request.tool_name == "delete_everything":
+                    await request.reject()
+                else:
+                    await request.accept()
 
     Args:
         server_name: The MCP server the tool belongs to.
@@ -131,14 +131,14 @@ class ApprovalClient:
     connected, it connects again (requests the tool server sent before the drop fail there).
 
     Example:
-        ```python
-        async def on_approval_request(request: ApprovalRequest) -> None:
-            print(f"Approval request: {request}")
-            await request.accept()
+        .. code-block:: python
 
-        async with ApprovalClient(callback=on_approval_request, port=server.port):
-            ...  # run code that calls MCP tools
-        ```
+            async def on_approval_request(request: ApprovalRequest) -> None:
+                print(f"Approval request: {request}")
+                await request.accept()
+
+            async with ApprovalClient(callback=on_approval_request, port=server.port):
+                ...  # run code that calls MCP tools
 
     Args:
         callback: Async function called with each :class:`ApprovalRequest`.
