@@ -174,7 +174,7 @@ async def test_the_disk_outside_the_kernels_folders_and_the_system_cannot_be_rea
                 except CodeExecutionError as exc:
                     assert exc.ename in ("PermissionError", "FileNotFoundError"), exc.traceback
                 else:
-                    assert text == "''", f"{target} is readable in the sandbox: {text}"
+                    assert text == "''", f"{target} is readable in the sandbox: {text[:80]}"
             for folder in [ROOT, *([secret_dir] if secret_dir else [])]:
                 listing = f"import os\nprint(sorted(os.listdir({str(folder)!r})) if os.path.isdir({str(folder)!r}) else [])"
                 names = (await ex.execute(listing)).text or ""
@@ -421,6 +421,12 @@ async def test_the_shipped_example_config_allows_its_extra_domain_and_nothing_el
     example = ROOT / "examples" / "sandbox-kernel.json"
     domains = json.loads(example.read_text())["network"]["allowedDomains"]
     assert len(domains) == 1
+    if sys.platform == "linux":  # the example is the Linux defaults plus that domain
+        defaults = _sandbox.default_settings(workdir)["filesystem"]
+        runtime_dir = {os.environ["XDG_RUNTIME_DIR"]} if os.environ.get("XDG_RUNTIME_DIR") else set()
+        for key, paths in json.loads(example.read_text())["filesystem"].items():
+            expanded = {os.path.expanduser(p) if p.startswith("~") else str(workdir / p) for p in paths}
+            assert expanded == set(defaults[key]) - runtime_dir, key
     code = """
 import base64, os, socket, urllib.parse
 proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
