@@ -183,9 +183,8 @@ async def test_the_disk_outside_the_kernels_folders_and_the_system_cannot_be_rea
             own = "import sys\nprint(open(sys.executable, 'rb').read(4))"
             assert (await ex.execute(own)).text == "b'\\x7fELF'"
             assert (await ex.execute("print(open('notes.txt').read())")).text == "readable"
-            assert (
-                await ex.execute("import numpy, ssl, zoneinfo\nprint(zoneinfo.ZoneInfo('Europe/Paris'))")
-            ).text == "Europe/Paris"
+            assert (await ex.execute("import numpy, ssl\nprint(numpy.arange(3).sum())")).text == "3"
+            assert str((await ex.execute("!ls /usr/bin/env")).text).strip() == "/usr/bin/env"
     finally:
         if secret_dir is not None:
             shutil.rmtree(secret_dir)
