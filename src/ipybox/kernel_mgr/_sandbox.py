@@ -9,11 +9,11 @@ from outside), and the kernel reaches the tool server through a Unix socket.
 Settings are srt's own format. The defaults allow no network at all, hide the home folder (but
 the working directory and the kernel's own Python), the shared folders where the host's Unix
 sockets live, ``.env`` and the credential files, on Linux everything outside the system folders
-(`SYSTEM_READABLE`), and allow writes only to the working directory
-and the private folders (which hold the kernel's temporary, IPython and Jupyter folders). A custom
-settings file replaces the defaults, but `sandbox_settings` always adds the rules the rest of
-ipybox depends on: the protected names in the working directory, the credential files, the
-trusted registry, the kernel's Python and its tool socket.
+(`SYSTEM_READABLE`), and allow writes only to the working directory and the private folders
+(which hold the kernel's temporary, IPython and Jupyter folders). A custom settings file
+replaces the defaults, but `sandbox_settings` always adds the rules the rest of ipybox depends
+on: the protected names in the working directory, the credential files, the trusted registry,
+the kernel's Python and its tool socket.
 
 srt and the gateway run in a private folder, never in the working directory (`wrap`); the
 protected names missing in the working directory are held by stand-ins that ipybox makes and
