@@ -232,9 +232,12 @@ async def test_sandbox_works_in_the_container_with_the_documented_options_and_to
         "        return 'allowed'\n"
         "    except Exception as exc:\n"
         "        return 'blocked'\n"
-        "print(attempt(lambda: open('/app/state/planted', 'w').write('x')))\n"
+        # The registry's folder, like the rest of /app but the workspace and the kernel's Python, is
+        # hidden behind an empty folder of the sandbox's own: a write there may succeed and vanish
+        # (checked on the volume below).
+        "attempt(lambda: open('/app/state/planted', 'w').write('x'))\n"
+        "print(attempt(lambda: open('/app/ipybox/pyproject.toml').read()))\n"
         # The application's own environment, writable by the container's user outside the sandbox.
-        # (The home folder is hidden: writes there land in an empty private folder and vanish.)
         "print(attempt(lambda: open('/app/.venv/planted', 'w').write('x')))\n"
         "print(attempt(lambda: urllib.request.urlopen('https://pypi.org/simple/', timeout=10)))\n"
     )
@@ -263,5 +266,18 @@ async def test_sandbox_works_in_the_container_with_the_documented_options_and_to
     assert text_of(called).strip() == "Designing Data-Intensive Applications", text_of(called)
     assert not result.is_error, text_of(result)
     assert text_of(result).split() == ["blocked", "blocked", "blocked"]
+    state = await asyncio.to_thread(
+        _docker,
+        "run",
+        "--rm",
+        "-v",
+        f"{state_volume}:/app/state",
+        "--entrypoint",
+        "ls",
+        IMAGE,
+        "-a",
+        "/app/state",
+    )
+    assert state.returncode == 0 and "planted" not in state.stdout, state
     assert (workspace / "inside.txt").read_text() == "ok"
     assert (workspace / "inside.txt").stat().st_uid == UID

@@ -150,6 +150,46 @@ async def test_nothing_in_the_home_folder_can_be_read(executor: CodeExecutor) ->
     assert (await executor.execute(listing)).text == "[]"
 
 
+async def test_the_disk_outside_the_kernels_folders_and_the_system_cannot_be_read(workdir: Path) -> None:
+    """Deny by default (issue 20): a secret in a top-level folder made for the test (as root; else in
+    /srv or /opt where writable) and the files of the clone ipybox runs from are hidden; the system,
+    the kernel's own Python and its working directory stay readable."""
+    if sys.platform != "linux":
+        pytest.skip("the default settings hide the rest of the disk on Linux only")
+    parent = next((p for p in ("/", "/srv", "/opt", "/mnt") if os.access(p, os.W_OK)), None)
+    secret_dir = Path(tempfile.mkdtemp(prefix="ipybox-disk-attack-", dir=parent)) if parent else None
+    targets = [ROOT / "README.md", ROOT / "pyproject.toml"]
+    if secret_dir is not None:
+        (secret_dir / "secret.txt").write_text("SECRET")
+        targets.append(secret_dir / "secret.txt")
+    if os.getuid() == 0:  # root reads it unsandboxed; a missing one passes too
+        targets.append(Path("/etc/shadow"))
+    try:
+        # The folder exists before the kernel starts: srt hides what is in "/" when it starts.
+        async with CodeExecutor(sandbox=True) as ex:
+            for target in targets:
+                read = f"print(repr(open({str(target)!r}).read()))"
+                try:
+                    text = (await ex.execute(read)).text
+                except CodeExecutionError as exc:
+                    assert exc.ename in ("PermissionError", "FileNotFoundError"), exc.traceback
+                else:
+                    assert text == "''", f"{target} is readable in the sandbox: {str(text)[:80]}"
+            for folder in [ROOT, *([secret_dir] if secret_dir else [])]:
+                listing = f"import os\nprint(sorted(os.listdir({str(folder)!r})) if os.path.isdir({str(folder)!r}) else [])"
+                names = (await ex.execute(listing)).text or ""
+                assert "README.md" not in names and "secret.txt" not in names, f"{folder} lists {names}"
+            assert (await ex.execute("print(open('/etc/os-release').read())")).text
+            own = "import sys\nprint(open(sys.executable, 'rb').read(4))"
+            assert (await ex.execute(own)).text == "b'\\x7fELF'"
+            assert (await ex.execute("print(open('notes.txt').read())")).text == "readable"
+            assert (await ex.execute("import numpy, ssl\nprint(numpy.arange(3).sum())")).text == "3"
+            assert str((await ex.execute("!ls /usr/bin/env")).text).strip() == "/usr/bin/env"
+    finally:
+        if secret_dir is not None:
+            shutil.rmtree(secret_dir)
+
+
 async def test_credential_files_stay_hidden_under_a_config_that_opens_the_home_folder(workdir: Path) -> None:
     config = workdir / "open-home.json"
     config.write_text(json.dumps({"filesystem": {"allowWrite": ["."]}}))
@@ -380,6 +420,15 @@ async def test_the_shipped_example_config_allows_its_extra_domain_and_nothing_el
     example = ROOT / "examples" / "sandbox-kernel.json"
     domains = json.loads(example.read_text())["network"]["allowedDomains"]
     assert len(domains) == 1
+    if sys.platform == "linux":  # the example is the Linux defaults plus that domain
+        defaults = _sandbox.default_settings(workdir)["filesystem"]
+        runtime_dir = {os.environ["XDG_RUNTIME_DIR"]} if os.environ.get("XDG_RUNTIME_DIR") else set()
+        for key, paths in json.loads(example.read_text())["filesystem"].items():
+            expanded = {
+                p.replace("~", os.environ["HOME"], 1) if p.startswith("~") else str(workdir / p)
+                for p in paths
+            }
+            assert expanded == set(defaults[key]) - runtime_dir, key
     code = """
 import base64, os, socket, urllib.parse
 proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])

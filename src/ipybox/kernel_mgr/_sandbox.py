@@ -8,11 +8,12 @@ from outside), and the kernel reaches the tool server through a Unix socket.
 
 Settings are srt's own format. The defaults allow no network at all, hide the home folder (but
 the working directory and the kernel's own Python), the shared folders where the host's Unix
-sockets live, ``.env`` and the credential files, and allow writes only to the working directory
-and the private folders (which hold the kernel's temporary, IPython and Jupyter folders). A custom
-settings file replaces the defaults, but `sandbox_settings` always adds the rules the rest of
-ipybox depends on: the protected names in the working directory, the credential files, the
-trusted registry, the kernel's Python and its tool socket.
+sockets live, ``.env`` and the credential files, on Linux everything outside the system folders
+(`SYSTEM_READABLE`), and allow writes only to the working directory and the private folders
+(which hold the kernel's temporary, IPython and Jupyter folders). A custom settings file
+replaces the defaults, but `sandbox_settings` always adds the rules the rest of ipybox depends
+on: the protected names in the working directory, the credential files, the trusted registry,
+the kernel's Python and its tool socket.
 
 srt and the gateway run in a private folder, never in the working directory (`wrap`); the
 protected names missing in the working directory are held by stand-ins that ipybox makes and
@@ -128,6 +129,27 @@ HIDDEN_SYSTEM_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
 """Shared folders where the host's Unix sockets live (terminal multiplexers, agents, D-Bus) and
 other users' temporary files; the default settings hide them (the kernel has its own ``TMPDIR``)."""
 
+SYSTEM_READABLE = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/nix/store")
+"""What a sandboxed kernel reads on Linux besides its own folders and Python: programs, libraries
+and their configuration (locale, time zones, certificates). The default settings hide every other
+entry of ``/`` (bwrap gives the kernel its own ``/proc``, ``/dev`` and a read-only ``/sys``)."""
+
+SYSTEM_SECRETS = (
+    "/etc/shadow",
+    "/etc/shadow-",
+    "/etc/gshadow",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/ssh",
+    "/etc/ssl/private",
+    "/etc/letsencrypt",
+    "/etc/wireguard",
+    "/etc/NetworkManager/system-connections",
+)
+"""Secrets in ``/etc`` that only root can read (password hashes, host and TLS keys, Wi-Fi and VPN
+keys), hidden by the default settings from a kernel started as root."""
+
 
 def find_srt() -> str:
     """Return the ``srt`` command to run, after checking that what it needs is installed.
@@ -218,21 +240,40 @@ def load_config(path: Path) -> dict[str, Any]:
 
 def default_settings(working_dir: Path) -> dict[str, Any]:
     """The default settings: no network, no Unix socket of the host, nothing of the home folder but
-    the working directory and the kernel's Python, writes only where a kernel needs them."""
+    the working directory and the kernel's Python, writes only where a kernel needs them. On Linux,
+    nothing of the disk either but `SYSTEM_READABLE` (`sandbox_settings` adds the kernel's Python,
+    its ``PYTHONPATH`` and its tool socket)."""
     home = Path.home()
     hidden = [str(home), *HIDDEN_SYSTEM_DIRS]
     runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
     if runtime_dir:
         hidden.append(runtime_dir)
+    readable = [str(working_dir)]
+    if sys.platform == "linux":
+        # srt expands a denied "/" into every entry of "/" that no allowRead entry covers, when
+        # each kernel starts (a link such as /lib -> usr/lib counts as where it leads).
+        hidden = ["/", *hidden, *SYSTEM_SECRETS]
+        readable += SYSTEM_READABLE
     return {
         "network": {"allowedDomains": [], "deniedDomains": []},
         "filesystem": {
             "denyRead": [*hidden, str(working_dir / ".env")],
-            "allowRead": [str(working_dir)],
+            "allowRead": readable,
             "allowWrite": [str(working_dir)],
             "denyWrite": [],
         },
     }
+
+
+def srt_support(srt: str) -> list[Path]:
+    """What srt runs inside the sandbox from its own package (its seccomp helper, which must stay
+    readable where the settings hide the folder srt is installed in); none when `srt` is not the
+    package's command (a wrapper script)."""
+    for parent in Path(srt).resolve().parents:
+        seccomp = parent / "vendor" / "seccomp"
+        if seccomp.is_dir():
+            return [seccomp]
+    return []
 
 
 def python_paths(home: Path) -> list[str]:
@@ -297,9 +338,9 @@ def sandbox_settings(
             the kernel spec and these settings); `PROTECTED_WORKSPACE_DIRS` and
             `PROTECTED_WORKSPACE_FILES` of `working_dir` are added.
         tool_socket: The tool server's Unix socket, kept reachable.
-        readable: Folders the kernel imports from besides its own Python (the ``PYTHONPATH`` the
-            application gave it), readable even where the defaults hide their parent; writable
-            only if the settings say so elsewhere.
+        readable: Folders the kernel reads besides its own Python (the ``PYTHONPATH`` the
+            application gave it, srt's `srt_support`), readable even where the settings hide their
+            parent; writable only if the settings say so elsewhere.
     """
     settings = json.loads(json.dumps(config)) if config is not None else default_settings(working_dir)
     network = settings.setdefault("network", {})

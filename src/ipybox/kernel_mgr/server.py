@@ -454,10 +454,13 @@ class KernelGateway:
                 *_sandbox.nested_protected(self.working_dir),
             ],
             tool_socket=Path(socket) if socket else None,
-            readable=tuple(
-                Path(entry)
-                for entry in self.env.get("PYTHONPATH", "").split(os.pathsep)
-                if os.path.isabs(entry)
+            readable=(
+                *(
+                    Path(entry)
+                    for entry in self.env.get("PYTHONPATH", "").split(os.pathsep)
+                    if os.path.isabs(entry)
+                ),
+                *_sandbox.srt_support(self._srt),
             ),
         )
         settings_file.write_text(json.dumps(settings, indent=2))
