@@ -1,4 +1,5 @@
-"""The ipybox MCP server over streamable HTTP: token, Host/Origin checks, one kernel per session."""
+"""The ipybox MCP server over streamable HTTP: token, Host/Origin checks, one kernel and one
+working folder per session."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import httpx2
 import mcp_types as types
 import psutil
 import pytest
+from mcp.client import Client
 from mcp.shared.exceptions import MCPError
 
 from tests.mcp_server.support import connected, run, text_of, wait_until
@@ -135,6 +137,27 @@ async def test_two_sessions_have_their_own_kernels(server: HttpServer) -> None:
         assert text_of(await run(first, "secret")) == "'first'"
 
 
+async def test_two_sessions_work_in_folders_of_their_own_which_the_server_names(server: HttpServer) -> None:
+    workspace = (server.log.parent / "workspace").resolve()
+    async with (
+        connected(server.url, url_token=TOKEN) as first,
+        connected(server.url, url_token=TOKEN) as second,
+    ):
+        folders = [await _cwd(client) for client in (first, second)]
+        assert not (await run(first, "open('mine.txt', 'w').write('first')")).is_error
+        other = await run(second, "open('mine.txt').read()")
+        assert other.is_error and "FileNotFoundError" in text_of(other)
+    assert folders[0] != folders[1] and {folder.parent for folder in folders} == {workspace / "sessions"}
+    # Kept after the sessions end, and named on the server's stderr.
+    assert (folders[0] / "mine.txt").read_text() == "first"
+    log = server.log.read_text()
+    assert all(f"a new MCP session works in {folder}\n" in log for folder in folders)
+
+
+async def _cwd(client: Client) -> Path:
+    return Path(text_of(await run(client, "import os; print(os.getcwd())")))
+
+
 async def test_progress_and_cancellation_work_over_http(server: HttpServer) -> None:
     async with connected(server.url, url_token=TOKEN) as client:
         messages: list[str | None] = []
@@ -158,12 +181,13 @@ async def test_progress_and_cancellation_work_over_http(server: HttpServer) -> N
 
 
 async def test_uploads_up_to_the_documented_limit_pass_over_http(server: HttpServer) -> None:
-    workspace = server.log.parent / "workspace"
     limit = 20 * 1024 * 1024
     # Not a repeating pattern, so no layer can pass it by compressing it.
     payload = os.urandom(limit)
     # The SDK's client caps one server-sent event at 1 MiB unless told otherwise.
     async with connected(server.url, url_token=TOKEN, max_sse_event_size=2 * limit) as client:
+        # Files go to the session's own folder.
+        workspace = await _cwd(client)
         upload = await client.call_tool(
             "upload_file", {"path": "big/at-limit.bin", "content_base64": base64.b64encode(payload).decode()}
         )
@@ -178,6 +202,29 @@ async def test_uploads_up_to_the_documented_limit_pass_over_http(server: HttpSer
         refused = await client.call_tool("upload_file", {"path": "big/over.bin", "content_base64": over})
         assert refused.is_error and "larger than the upload limit of 20 MiB" in text_of(refused)
         assert not (workspace / "big" / "over.bin").exists()
+
+
+async def test_with_a_shared_workspace_every_session_works_in_the_workspace_itself(tmp_path: Path) -> None:
+    env = {**os.environ, "IPYBOX_MCP_TOKEN": TOKEN}
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    started = await asyncio.to_thread(
+        start_server, workspace, tmp_path / "server.log", env, "--shared-workspace"
+    )
+    try:
+        async with (
+            connected(started.url, url_token=TOKEN) as first,
+            connected(started.url, url_token=TOKEN) as second,
+        ):
+            assert {await _cwd(first), await _cwd(second)} == {workspace.resolve()}
+            assert not (await run(first, "open('shared.txt', 'w').write('first')")).is_error
+            assert text_of(await run(second, "print(open('shared.txt').read())")) == "first"
+            upload = await second.call_tool("upload_file", {"path": "up.txt", "content_base64": "aGk="})
+            assert not upload.is_error and (workspace / "up.txt").read_text() == "hi"
+        assert not (workspace / "sessions").exists()
+        assert "a new MCP session works in" not in started.log.read_text()
+    finally:
+        await asyncio.to_thread(stop_server, started.process)
 
 
 async def test_a_closed_session_stops_its_kernel(server: HttpServer) -> None:

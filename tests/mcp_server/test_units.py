@@ -161,6 +161,8 @@ class _StubExecutor:
 class _StubSettings:
     """Counts the executors a SessionTable starts and stops; `fail` makes starting fail."""
 
+    session_folders = False
+
     def __init__(self, fail: bool = False) -> None:
         self.started = 0
         self.stopped: list[int] = []
