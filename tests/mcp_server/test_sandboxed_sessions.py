@@ -132,11 +132,11 @@ async def test_a_hostile_session_can_neither_plant_nor_read_nor_list_in_another_
         connected(server.url, url_token=TOKEN) as victim,
         connected(server.url, url_token=TOKEN) as hostile,
     ):
-        victim_dir = text_of(
-            await run(victim, f"import os\nopen('secret.txt', 'w').write({secret!r})\nos.getcwd()")
+        written = await run(
+            victim, f"import os\nopen('secret.txt', 'w').write({secret!r})\nprint(os.getcwd())"
         )
-        victim_dir = Path(victim_dir.strip("'"))
-        hostile_dir = Path(text_of(await run(hostile, "import os; os.getcwd()")).strip("'"))
+        victim_dir = Path(text_of(written))
+        hostile_dir = Path(text_of(await run(hostile, "import os; print(os.getcwd())")))
         assert victim_dir != hostile_dir
         assert {victim_dir.parent, hostile_dir.parent} == {workspace.resolve() / "sessions"}
 
@@ -161,7 +161,7 @@ async def test_one_sessions_kernel_plants_nothing_that_runs_in_the_next_sessions
     server, workspace = sandboxed_server
     async with connected(server.url, url_token=TOKEN) as first:
         planted = text_of(await run(first, PLANT))
-        first_dir = Path(text_of(await run(first, "import os; os.getcwd()")).strip("'"))
+        first_dir = Path(text_of(await run(first, "import os; print(os.getcwd())")))
     # The packages folder (in the state folder, one per session) is not writable; the session's
     # own folder is, but shadows nothing in the next session's kernel.
     assert planted == "refused planted"
