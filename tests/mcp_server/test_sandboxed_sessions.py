@@ -137,8 +137,6 @@ async def test_a_hostile_session_can_neither_plant_nor_read_nor_list_in_another_
         )
         victim_dir = Path(text_of(written))
         hostile_dir = Path(text_of(await run(hostile, "import os; print(os.getcwd())")))
-        assert victim_dir != hostile_dir
-        assert {victim_dir.parent, hostile_dir.parent} == {workspace.resolve() / "sessions"}
 
         attack = ATTACK.format(victim=str(victim_dir), workspace=str(workspace.resolve()))
         seen = json.loads(text_of(await run(hostile, attack)))
@@ -153,6 +151,8 @@ async def test_a_hostile_session_can_neither_plant_nor_read_nor_list_in_another_
     # (c) The sessions folder shows the hostile session nothing but its own folder.
     assert seen[f"list {workspace.resolve() / 'sessions'}"] in ([hostile_dir.name], "PermissionError")
     assert victim_dir.name not in json.dumps(seen[f"list {victim_dir}"])
+    assert victim_dir != hostile_dir
+    assert {victim_dir.parent, hostile_dir.parent} == {workspace.resolve() / "sessions"}
 
 
 async def test_one_sessions_kernel_plants_nothing_that_runs_in_the_next_sessions_kernel(
