@@ -27,9 +27,10 @@ By default the server talks MCP over stdin/stdout: add it to the agent's MCP con
 as the command `ipybox --workspace /path/to/project`. With --transport streamable-http it
 serves http://HOST:PORT/mcp instead; clients must send `Authorization: Bearer <token>`, the
 token being $IPYBOX_MCP_TOKEN or, if unset, one generated and printed at start. Each HTTP
-session gets its own kernel and works in a new folder of its own, WORKSPACE/sessions/<time>-<random>
-(printed to stderr, kept when the session ends); under --sandbox no session's kernel can read or
-write another's folder. --shared-workspace lets all sessions work in WORKSPACE itself instead.
+session gets its own kernel and works in a new folder of its own,
+WORKSPACE/sessions/<time>-<random> (printed to stderr, kept when the session ends); under
+--sandbox no session's kernel can read or write another's folder. --shared-workspace lets all
+sessions work in WORKSPACE itself instead.
 """
 
 _EPILOG = """\
@@ -67,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=Path("."),
         metavar="DIR",
-        help="folder the kernel works in; generated tool modules go to DIR/mcptools (default: .)",
+        help="folder the kernel works in, generated tool modules going to DIR/mcptools; over HTTP each "
+        "session works in a folder of its own in DIR/sessions (default: .)",
     )
     parser.add_argument(
         "--sandbox",

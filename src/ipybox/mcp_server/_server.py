@@ -164,8 +164,8 @@ def new_session_folder(workspace: Path) -> Path:
                 os.close(fd)
     except (ConfinedPathError, OSError) as exc:
         raise IpyboxError(
-            f"Cannot make a session folder in {workspace / SESSIONS_DIR} ({str(exc).rstrip('.')}); make it "
-            "a plain folder (or remove it), or start the server with --shared-workspace."
+            f"Cannot make a session folder in {workspace / SESSIONS_DIR}: {str(exc).rstrip('.')}. Fix that, "
+            "or start the server with --shared-workspace."
         ) from exc
     return workspace / SESSIONS_DIR / name
 
