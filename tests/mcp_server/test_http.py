@@ -8,6 +8,7 @@ import base64
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest
 from mcp.client import Client
 from mcp.shared.exceptions import MCPError
 
+from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, text_of, wait_until
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -152,6 +154,39 @@ async def test_two_sessions_work_in_folders_of_their_own_which_the_server_names(
     assert (folders[0] / "mine.txt").read_text() == "first"
     log = server.log.read_text()
     assert all(f"a new MCP session works in {folder}\n" in log for folder in folders)
+
+
+async def test_a_server_registered_in_one_session_is_that_sessions_alone(tmp_path: Path) -> None:
+    env = {**os.environ, "IPYBOX_MCP_TOKEN": TOKEN}
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    # ${VAR} is still filled in from the workspace's .env, not from the session's folder.
+    (workspace / ".env").write_text("DOTENV_SECRET=hidden\n")
+    started = await asyncio.to_thread(start_server, workspace, tmp_path / "server.log", env)
+    demo = {"command": sys.executable, "args": [str(DEMO_SERVER)], "env": {"DEMO_SECRET": "${DOTENV_SECRET}"}}
+    call = "from mcptools.demo.getenv import Params, run\nprint(run(Params(name='DEMO_SECRET')))"
+    try:
+        async with (
+            connected(started.url, url_token=TOKEN) as first,
+            connected(started.url, url_token=TOKEN) as second,
+        ):
+            registered = await first.call_tool(
+                "register_mcp_server", {"server_name": "demo", "server_params": demo}
+            )
+            assert not registered.is_error, text_of(registered)
+            first_dir, second_dir = await _cwd(first), await _cwd(second)
+            assert (first_dir / "mcptools" / "demo" / "getenv.py").is_file()
+            assert not (workspace / "mcptools").exists()
+            assert text_of(await run(first, call)) == "hidden"
+            missing = await run(second, call)
+            assert missing.is_error and "ModuleNotFoundError" in text_of(missing)
+            # The generated code alone calls nothing: the second session's tool server knows no
+            # server of that name.
+            shutil.copytree(first_dir / "mcptools", second_dir / "mcptools")
+            refused = await run(second, call)
+            assert refused.is_error and "not registered for this executor" in text_of(refused)
+    finally:
+        await asyncio.to_thread(stop_server, started.process)
 
 
 async def _cwd(client: Client) -> Path:
