@@ -26,6 +26,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, text_of, wait_until
+from tests.servers.demo_server import png_bytes
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -149,9 +150,17 @@ async def test_two_sessions_work_in_folders_of_their_own_which_the_server_names(
         assert not (await run(first, "open('mine.txt', 'w').write('first')")).is_error
         other = await run(second, "open('mine.txt').read()")
         assert other.is_error and "FileNotFoundError" in text_of(other)
+        # Plots and saved outputs land in the session's folder too.
+        shown = await run(first, f"from IPython.display import Image\nImage(data={png_bytes()!r})")
+        saved = text_of(shown).split("Images saved in the workspace: ")[1].strip()
+        long = await run(first, "print('x' * 1000)", max_output_chars=200)
+        assert ".ipybox/outputs/" in text_of(long)
     assert folders[0] != folders[1] and {folder.parent for folder in folders} == {workspace / "sessions"}
     # Kept after the sessions end, and named on the server's stderr.
     assert (folders[0] / "mine.txt").read_text() == "first"
+    assert (folders[0] / saved).read_bytes() == png_bytes() and saved.startswith("images/")
+    assert len(list((folders[0] / ".ipybox" / "outputs").iterdir())) == 1
+    assert not (workspace / "images").exists() and not (workspace / ".ipybox").exists()
     log = server.log.read_text()
     assert all(f"a new MCP session works in {folder}\n" in log for folder in folders)
 
