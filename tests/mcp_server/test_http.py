@@ -331,9 +331,12 @@ async def test_a_signal_stops_an_idle_http_server_with_its_warm_executor(tmp_pat
         # The executor started with the server, for the first session, is running but unused.
         tree = {child.pid for child in psutil.Process(started.process.pid).children(recursive=True)}
         assert _kernels(started.process)
+        assert len(list((tmp_path / "workspace" / "sessions").iterdir())) == 1
         started.process.terminate()
         await asyncio.to_thread(started.process.wait, 60)
         assert await asyncio.to_thread(wait_until, lambda: not _alive(tree))
+        # Its folder, which no session used, is gone too.
+        assert list((tmp_path / "workspace" / "sessions").iterdir()) == []
     finally:
         await asyncio.to_thread(stop_server, started.process)
 

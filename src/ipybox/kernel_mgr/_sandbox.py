@@ -339,11 +339,11 @@ def sandbox_settings(
     # srt hides a denied folder behind an empty tmpfs and binds back the allowWrite and allowRead
     # paths inside it; a writable ancestor of the working directory is not bound back, so the
     # working directory is named itself (then it stays writable, not just readable).
-    if hidden and any(
-        isinstance(path, str) and working_dir.is_relative_to(Path(path).expanduser()) for path in list(write)
-    ):
-        if str(working_dir) not in write:
-            write.append(str(working_dir))
+    writable = any(
+        isinstance(path, str) and working_dir.is_relative_to(Path(path).expanduser()) for path in write
+    )
+    if hidden and writable and str(working_dir) not in write:
+        write.append(str(working_dir))
     deny_write = filesystem["denyWrite"]
     workspace = [working_dir / name for name in (*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES)]
     deny_write += [str(path) for path in [*protected, *workspace] if str(path) not in deny_write]

@@ -45,7 +45,7 @@ class Settings:
         workspace: The workspace folder (absolute).
         sandbox: Run kernels in the sandbox.
         sandbox_config: A sandbox-runtime settings file.
-        log_level: Log level of ipybox's parts.
+        log_level: Log level of ipybox's own parts.
         spare_kernel: Keep a spare kernel per session for a fast reset (stdio); HTTP sessions
             do without, so that each costs one kernel's memory.
         session_folders: Give each session a new folder of its own inside
@@ -118,11 +118,16 @@ class Settings:
         )
 
     async def start_session(self) -> ToolSession:
-        """The tools of a new session, on a started executor (a failed start leaves nothing but the
-        session's new folder, if it has one)."""
+        """The tools of a new session, on a started executor (a failed start leaves nothing)."""
         folder = new_session_folder(self.workspace) if self.session_folders else self.workspace
         executor = self.executor(folder)
-        await executor.start()
+        try:
+            await executor.start()
+        except BaseException:
+            if folder != self.workspace:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only if the kernel left nothing in it
+            raise
         return ToolSession(executor, folder, self.installer(folder), self.transfer_rules(folder))
 
     def transfer_rules(self, folder: Path | None = None) -> _files.Rules:
