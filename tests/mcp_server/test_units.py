@@ -127,11 +127,22 @@ def test_a_sessions_own_folder_is_its_working_directory_and_the_other_sessions_a
     )["filesystem"]
     assert str(tmp_path / "sessions") in rules["denyRead"]
     assert str(folder) in rules["allowRead"] and str(folder) in rules["allowWrite"]
-    read_only: dict[str, Any] = {"filesystem": {"denyRead": [], "allowWrite": [], "denyWrite": []}}
+    other = tmp_path / "sessions" / "other"
+    read_only: dict[str, Any] = {
+        "filesystem": {
+            "denyRead": [],
+            "allowRead": [str(tmp_path / "sessions"), str(folder / "data")],
+            "allowWrite": [str(other)],
+            "denyWrite": [],
+        }
+    }
     rules = _sandbox.sandbox_settings(
         read_only, working_dir=folder, private_dirs=[], protected=[], tool_socket=None, hidden=hidden
     )["filesystem"]
     assert str(folder) in rules["allowRead"] and str(folder) not in rules["allowWrite"]
+    # Nothing the settings allow re-opens the sessions folder, but inside the session's own.
+    assert str(folder / "data") in rules["allowRead"]
+    assert str(tmp_path / "sessions") not in rules["allowRead"] and str(other) not in rules["allowWrite"]
 
 
 def test_only_the_most_recent_full_outputs_are_kept(tmp_path: Path) -> None:

@@ -356,7 +356,20 @@ def sandbox_settings(
     for path in [*python_paths(Path.home()), *extra, *([str(tool_socket.parent)] if tool_socket else [])]:
         if path not in allow_read:
             allow_read.append(path)
+    if hidden:
+        # srt re-opens what allowRead and allowWrite name inside a denied folder: inside a hidden
+        # one, only the working directory may be.
+        for key in ("allowRead", "allowWrite"):
+            filesystem[key] = [path for path in filesystem[key] if not _reopens(path, hidden, working_dir)]
     return settings
+
+
+def _reopens(path: object, hidden: tuple[Path, ...], working_dir: Path) -> bool:
+    """Whether the allowed `path` lies in one of the `hidden` folders, outside `working_dir`."""
+    if not isinstance(path, str):
+        return False
+    found = Path(path).expanduser().resolve()
+    return any(found.is_relative_to(folder) for folder in hidden) and not found.is_relative_to(working_dir)
 
 
 def _absolute(path: object, working_dir: Path) -> object:
