@@ -133,6 +133,9 @@ class CodeExecutor:
         max_result_size: Bytes one tool result may have on its way to the kernel (binary content
             counts as its base64; default 32 MiB); a larger result fails that call with an error
             naming the limit, and the next call works.
+        sandbox_hidden: With ``sandbox=True``: folders the kernel can neither read nor write,
+            whatever `sandbox_config` says, except `working_dir` when it lies inside one (the MCP
+            server hides its sessions' folders from each other this way).
     """
 
     def __init__(
@@ -157,6 +160,7 @@ class CodeExecutor:
         max_processes: int | None = None,
         spare_kernel: bool = True,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
+        sandbox_hidden: tuple[Path, ...] = (),
     ) -> None:
         if sandbox_config is not None and not sandbox:
             raise ValueError(
@@ -184,6 +188,7 @@ class CodeExecutor:
         self.max_processes = max_processes
         self.spare_kernel = spare_kernel
         self.max_result_size = max_result_size
+        self.sandbox_hidden = sandbox_hidden
         self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
@@ -263,6 +268,7 @@ class CodeExecutor:
                 working_dir=self.working_dir,
                 memory_limit=self.memory_limit,
                 max_processes=self.max_processes,
+                sandbox_hidden=self.sandbox_hidden,
             )
             await stack.enter_async_context(gateway)
             tool_server.kernel_writable = gateway.kernel_writable

@@ -1,4 +1,5 @@
-"""The ipybox MCP server over streamable HTTP: token, Host/Origin checks, one kernel per session."""
+"""The ipybox MCP server over streamable HTTP: token, Host/Origin checks, one kernel and one
+working folder per session."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import base64
 import contextlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,9 +21,12 @@ import httpx2
 import mcp_types as types
 import psutil
 import pytest
+from mcp.client import Client
 from mcp.shared.exceptions import MCPError
 
+from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, text_of, wait_until
+from tests.servers.demo_server import png_bytes
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -135,6 +140,68 @@ async def test_two_sessions_have_their_own_kernels(server: HttpServer) -> None:
         assert text_of(await run(first, "secret")) == "'first'"
 
 
+async def test_two_sessions_work_in_folders_of_their_own_which_the_server_names(server: HttpServer) -> None:
+    workspace = (server.log.parent / "workspace").resolve()
+    async with (
+        connected(server.url, url_token=TOKEN) as first,
+        connected(server.url, url_token=TOKEN) as second,
+    ):
+        folders = [await _cwd(client) for client in (first, second)]
+        assert not (await run(first, "open('mine.txt', 'w').write('first')")).is_error
+        other = await run(second, "open('mine.txt').read()")
+        assert other.is_error and "FileNotFoundError" in text_of(other)
+        # Plots and saved outputs land in the session's folder too.
+        shown = await run(first, f"from IPython.display import Image\nImage(data={png_bytes()!r})")
+        saved = text_of(shown).split("Images saved in the workspace: ")[1].strip()
+        long = await run(first, "print('x' * 1000)", max_output_chars=200)
+        assert ".ipybox/outputs/" in text_of(long)
+    assert folders[0] != folders[1] and {folder.parent for folder in folders} == {workspace / "sessions"}
+    # Kept after the sessions end, and named on the server's stderr.
+    assert (folders[0] / "mine.txt").read_text() == "first"
+    assert (folders[0] / saved).read_bytes() == png_bytes() and saved.startswith("images/")
+    assert len(list((folders[0] / ".ipybox" / "outputs").iterdir())) == 1
+    assert not (workspace / "images").exists() and not (workspace / ".ipybox").exists()
+    log = server.log.read_text()
+    assert all(f"a new MCP session works in {folder}\n" in log for folder in folders)
+
+
+async def test_a_server_registered_in_one_session_is_that_sessions_alone(tmp_path: Path) -> None:
+    env = {**os.environ, "IPYBOX_MCP_TOKEN": TOKEN}
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    # ${VAR} is still filled in from the workspace's .env, not from the session's folder.
+    (workspace / ".env").write_text("DOTENV_SECRET=hidden\n")
+    started = await asyncio.to_thread(start_server, workspace, tmp_path / "server.log", env)
+    demo = {"command": sys.executable, "args": [str(DEMO_SERVER)], "env": {"DEMO_SECRET": "${DOTENV_SECRET}"}}
+    call = "from mcptools.demo.getenv import Params, run\nprint(run(Params(name='DEMO_SECRET')))"
+    try:
+        async with (
+            connected(started.url, url_token=TOKEN) as first,
+            connected(started.url, url_token=TOKEN) as second,
+        ):
+            registered = await first.call_tool(
+                "register_mcp_server", {"server_name": "demo", "server_params": demo}
+            )
+            assert not registered.is_error, text_of(registered)
+            first_dir, second_dir = await _cwd(first), await _cwd(second)
+            assert (first_dir / "mcptools" / "demo" / "getenv.py").is_file()
+            assert not (workspace / "mcptools").exists()
+            assert text_of(await run(first, call)) == "hidden"
+            missing = await run(second, call)
+            assert missing.is_error and "ModuleNotFoundError" in text_of(missing)
+            # The generated code alone calls nothing: the second session's tool server knows no
+            # server of that name.
+            shutil.copytree(first_dir / "mcptools", second_dir / "mcptools")
+            refused = await run(second, call)
+            assert refused.is_error and "not registered for this executor" in text_of(refused)
+    finally:
+        await asyncio.to_thread(stop_server, started.process)
+
+
+async def _cwd(client: Client) -> Path:
+    return Path(text_of(await run(client, "import os; print(os.getcwd())")))
+
+
 async def test_progress_and_cancellation_work_over_http(server: HttpServer) -> None:
     async with connected(server.url, url_token=TOKEN) as client:
         messages: list[str | None] = []
@@ -158,12 +225,13 @@ async def test_progress_and_cancellation_work_over_http(server: HttpServer) -> N
 
 
 async def test_uploads_up_to_the_documented_limit_pass_over_http(server: HttpServer) -> None:
-    workspace = server.log.parent / "workspace"
     limit = 20 * 1024 * 1024
     # Not a repeating pattern, so no layer can pass it by compressing it.
     payload = os.urandom(limit)
     # The SDK's client caps one server-sent event at 1 MiB unless told otherwise.
     async with connected(server.url, url_token=TOKEN, max_sse_event_size=2 * limit) as client:
+        # Files go to the session's own folder.
+        workspace = await _cwd(client)
         upload = await client.call_tool(
             "upload_file", {"path": "big/at-limit.bin", "content_base64": base64.b64encode(payload).decode()}
         )
@@ -178,6 +246,29 @@ async def test_uploads_up_to_the_documented_limit_pass_over_http(server: HttpSer
         refused = await client.call_tool("upload_file", {"path": "big/over.bin", "content_base64": over})
         assert refused.is_error and "larger than the upload limit of 20 MiB" in text_of(refused)
         assert not (workspace / "big" / "over.bin").exists()
+
+
+async def test_with_a_shared_workspace_every_session_works_in_the_workspace_itself(tmp_path: Path) -> None:
+    env = {**os.environ, "IPYBOX_MCP_TOKEN": TOKEN}
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    started = await asyncio.to_thread(
+        start_server, workspace, tmp_path / "server.log", env, "--shared-workspace"
+    )
+    try:
+        async with (
+            connected(started.url, url_token=TOKEN) as first,
+            connected(started.url, url_token=TOKEN) as second,
+        ):
+            assert {await _cwd(first), await _cwd(second)} == {workspace.resolve()}
+            assert not (await run(first, "open('shared.txt', 'w').write('first')")).is_error
+            assert text_of(await run(second, "print(open('shared.txt').read())")) == "first"
+            upload = await second.call_tool("upload_file", {"path": "up.txt", "content_base64": "aGk="})
+            assert not upload.is_error and (workspace / "up.txt").read_text() == "hi"
+        assert not (workspace / "sessions").exists()
+        assert "a new MCP session works in" not in started.log.read_text()
+    finally:
+        await asyncio.to_thread(stop_server, started.process)
 
 
 async def test_a_closed_session_stops_its_kernel(server: HttpServer) -> None:
@@ -240,9 +331,12 @@ async def test_a_signal_stops_an_idle_http_server_with_its_warm_executor(tmp_pat
         # The executor started with the server, for the first session, is running but unused.
         tree = {child.pid for child in psutil.Process(started.process.pid).children(recursive=True)}
         assert _kernels(started.process)
+        assert len(list((tmp_path / "workspace" / "sessions").iterdir())) == 1
         started.process.terminate()
         await asyncio.to_thread(started.process.wait, 60)
         assert await asyncio.to_thread(wait_until, lambda: not _alive(tree))
+        # Its folder, which no session used, is gone too.
+        assert list((tmp_path / "workspace" / "sessions").iterdir()) == []
     finally:
         await asyncio.to_thread(stop_server, started.process)
 

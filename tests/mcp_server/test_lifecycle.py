@@ -150,6 +150,23 @@ def test_sandbox_flag_reaches_the_http_servers_executors(workspace: Path) -> Non
         assert "Traceback" not in stderr
 
 
+def test_a_sessions_folder_that_is_a_link_stops_the_http_server_with_a_clear_error(
+    workspace: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (workspace / "sessions").symlink_to(elsewhere)
+    http = ["--transport", "streamable-http", "--port", "0"]
+    result = subprocess.run(
+        [sys.executable, "-m", "ipybox", "--workspace", str(workspace), *http],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=_TIMEOUT,
+    )
+    assert result.returncode == 1 and b"Traceback" not in result.stderr
+    assert b"could not start: Cannot make a session folder" in result.stderr
+    assert b"--shared-workspace" in result.stderr and not list(elsewhere.iterdir())
+
+
 def test_bad_options_get_a_clear_error(workspace: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ipybox", "--sandbox-config", str(workspace / "missing.json")],
@@ -161,6 +178,10 @@ def test_bad_options_get_a_clear_error(workspace: Path) -> None:
         [sys.executable, "-m", "ipybox", "--port", "9"], capture_output=True, timeout=_TIMEOUT
     )
     assert result.returncode == 2 and b"streamable-http" in result.stderr
+    result = subprocess.run(
+        [sys.executable, "-m", "ipybox", "--shared-workspace"], capture_output=True, timeout=_TIMEOUT
+    )
+    assert result.returncode == 2 and b"--shared-workspace apply only" in result.stderr
     help_text = subprocess.run(
         [sys.executable, "-m", "ipybox", "--help"], capture_output=True, timeout=_TIMEOUT
     )

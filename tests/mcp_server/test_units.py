@@ -11,10 +11,11 @@ from typing import Any, cast
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from ipybox.kernel_mgr import _sandbox
 from ipybox.mcp_server import _files, _http, _output
 from ipybox.mcp_server._http import SessionTable, allowed_hosts
 from ipybox.mcp_server._install import Installer, InstallError, packages_dir
-from ipybox.mcp_server._server import Settings
+from ipybox.mcp_server._server import Settings, new_session_folder
 
 
 def test_install_commands_take_one_requirement_and_never_an_option() -> None:
@@ -105,6 +106,45 @@ def test_sandbox_options_reach_the_executor_and_the_kernel_env_is_an_allow_list(
     assert "PYTHONPATH" not in plain.kernel_env() and plain.installer().sandbox_dir is None
 
 
+def test_a_sessions_own_folder_is_its_working_directory_and_the_other_sessions_are_hidden(
+    tmp_path: Path,
+) -> None:
+    settings = Settings(workspace=tmp_path, sandbox=True, session_folders=True, environ={"HOME": "/h"})
+    folder = new_session_folder(tmp_path)
+    assert folder.parent == tmp_path / "sessions" and folder.stat().st_mode & 0o777 == 0o700
+    executor = settings.executor(folder)
+    assert executor.working_dir == folder and executor.images_dir == folder / "images"
+    assert executor.sandbox_hidden == (tmp_path / "sessions",)
+    assert executor.kernel_env["PYTHONPATH"] == str(packages_dir(folder)) != str(packages_dir(tmp_path))
+    assert settings.installer(folder).sandbox_dir == packages_dir(folder)
+    assert Settings(workspace=tmp_path, sandbox=True).executor().sandbox_hidden == ()
+    # A custom config that lets kernels write the whole workspace: the session's own folder is
+    # named, so that srt binds it back writable over the hidden sessions folder.
+    config = {"filesystem": {"denyRead": [], "allowWrite": [str(tmp_path)], "denyWrite": []}}
+    hidden = (tmp_path / "sessions",)
+    rules = _sandbox.sandbox_settings(
+        config, working_dir=folder, private_dirs=[], protected=[], tool_socket=None, hidden=hidden
+    )["filesystem"]
+    assert str(tmp_path / "sessions") in rules["denyRead"]
+    assert str(folder) in rules["allowRead"] and str(folder) in rules["allowWrite"]
+    other = tmp_path / "sessions" / "other"
+    read_only: dict[str, Any] = {
+        "filesystem": {
+            "denyRead": [],
+            "allowRead": [str(tmp_path / "sessions"), str(folder / "data")],
+            "allowWrite": [str(other)],
+            "denyWrite": [],
+        }
+    }
+    rules = _sandbox.sandbox_settings(
+        read_only, working_dir=folder, private_dirs=[], protected=[], tool_socket=None, hidden=hidden
+    )["filesystem"]
+    assert str(folder) in rules["allowRead"] and str(folder) not in rules["allowWrite"]
+    # Nothing the settings allow re-opens the sessions folder, but inside the session's own.
+    assert str(folder / "data") in rules["allowRead"]
+    assert str(tmp_path / "sessions") not in rules["allowRead"] and str(other) not in rules["allowWrite"]
+
+
 def test_only_the_most_recent_full_outputs_are_kept(tmp_path: Path) -> None:
     for _ in range(_output._KEEP_OUTPUTS + 5):
         _output.truncate("x" * 500, 200, tmp_path)
@@ -160,6 +200,8 @@ class _StubExecutor:
 
 class _StubSettings:
     """Counts the executors a SessionTable starts and stops; `fail` makes starting fail."""
+
+    session_folders = False
 
     def __init__(self, fail: bool = False) -> None:
         self.started = 0

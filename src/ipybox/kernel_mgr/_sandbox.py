@@ -324,6 +324,7 @@ def sandbox_settings(
     protected: list[Path],
     tool_socket: Path | None,
     readable: tuple[Path, ...] = (),
+    hidden: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
     """The settings a kernel runs under: `config` (else the defaults) plus the fixed rules.
 
@@ -341,6 +342,9 @@ def sandbox_settings(
         readable: Folders the kernel reads besides its own Python (the ``PYTHONPATH`` the
             application gave it, srt's `srt_support`), readable even where the settings hide their
             parent; writable only if the settings say so elsewhere.
+        hidden: Folders the kernel can neither read nor write, whatever `config` says, but for
+            `working_dir` inside one (the working folders of other kernels live beside it):
+            `working_dir` stays readable, and writable if the settings make it so.
     """
     settings = json.loads(json.dumps(config)) if config is not None else default_settings(working_dir)
     network = settings.setdefault("network", {})
@@ -365,9 +369,22 @@ def sandbox_settings(
     # The `.env` files of the folders above the working directory hold secrets too (a project
     # whose kernel works in a subfolder); only existing ones, so that srt leaves no stand-ins there.
     parent_env = [str(folder / ".env") for folder in working_dir.parents if (folder / ".env").is_file()]
-    for path in [str(private_base()), *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES), *parent_env]:
+    for path in [
+        str(private_base()),
+        *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES),
+        *parent_env,
+        *(str(folder) for folder in hidden),
+    ]:
         if path not in deny_read:
             deny_read.append(path)
+    # srt hides a denied folder behind an empty tmpfs and binds back the allowWrite and allowRead
+    # paths inside it; a writable ancestor of the working directory is not bound back, so the
+    # working directory is named itself (then it stays writable, not just readable).
+    writable = any(
+        isinstance(path, str) and working_dir.is_relative_to(Path(path).expanduser()) for path in write
+    )
+    if hidden and writable and str(working_dir) not in write:
+        write.append(str(working_dir))
     deny_write = filesystem["denyWrite"]
     workspace = [working_dir / name for name in (*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES)]
     deny_write += [str(path) for path in [*protected, *workspace] if str(path) not in deny_write]
@@ -375,10 +392,25 @@ def sandbox_settings(
     # in), nor without the tool server's socket; allowRead wins over denyRead.
     allow_read = filesystem.setdefault("allowRead", [])
     extra = [str(path) for path in readable]
+    if hidden:
+        extra.append(str(working_dir))
     for path in [*python_paths(Path.home()), *extra, *([str(tool_socket.parent)] if tool_socket else [])]:
         if path not in allow_read:
             allow_read.append(path)
+    if hidden:
+        # srt re-opens what allowRead and allowWrite name inside a denied folder: inside a hidden
+        # one, only the working directory may be.
+        for key in ("allowRead", "allowWrite"):
+            filesystem[key] = [path for path in filesystem[key] if not _reopens(path, hidden, working_dir)]
     return settings
+
+
+def _reopens(path: object, hidden: tuple[Path, ...], working_dir: Path) -> bool:
+    """Whether the allowed `path` lies in one of the `hidden` folders, outside `working_dir`."""
+    if not isinstance(path, str):
+        return False
+    found = Path(path).expanduser().resolve()
+    return any(found.is_relative_to(folder) for folder in hidden) and not found.is_relative_to(working_dir)
 
 
 def _absolute(path: object, working_dir: Path) -> object:

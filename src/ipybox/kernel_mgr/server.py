@@ -72,6 +72,8 @@ class KernelGateway:
             or as ``"512M"``/``"2G"``; ``None``: no limit. See `CodeExecutor` for how it holds.
         max_processes: Processes and threads each kernel may have at once, itself and every
             process it starts included; ``None``: no limit.
+        sandbox_hidden: Folders a sandboxed kernel can neither read nor write, whatever
+            `sandbox_config` says, except `working_dir` when it lies inside one.
     """
 
     def __init__(
@@ -88,6 +90,7 @@ class KernelGateway:
         working_dir: Path | None = None,
         memory_limit: int | str | None = None,
         max_processes: int | None = None,
+        sandbox_hidden: tuple[Path, ...] = (),
     ) -> None:
         if sandbox_config is not None and not sandbox:
             raise ValueError(
@@ -103,6 +106,7 @@ class KernelGateway:
         self._limits = _limits.KernelLimits(None, None)
         self.host = host
         self.working_dir = Path(working_dir or Path.cwd()).resolve()
+        self.sandbox_hidden = tuple(Path(folder).resolve() for folder in sandbox_hidden)
         self.auth_token = auth_token
         self.port = port or 0
         self.sandbox = sandbox
@@ -462,6 +466,7 @@ class KernelGateway:
                 ),
                 *_sandbox.srt_support(self._srt),
             ),
+            hidden=self.sandbox_hidden,
         )
         settings_file.write_text(json.dumps(settings, indent=2))
         filesystem = settings["filesystem"]

@@ -27,7 +27,10 @@ By default the server talks MCP over stdin/stdout: add it to the agent's MCP con
 as the command `ipybox --workspace /path/to/project`. With --transport streamable-http it
 serves http://HOST:PORT/mcp instead; clients must send `Authorization: Bearer <token>`, the
 token being $IPYBOX_MCP_TOKEN or, if unset, one generated and printed at start. Each HTTP
-session gets its own kernel.
+session gets its own kernel and works in a new folder of its own,
+WORKSPACE/sessions/<time>-<random> (printed to stderr, kept when the session ends); under
+--sandbox no session's kernel can read or write another's folder. --shared-workspace lets all
+sessions work in WORKSPACE itself instead.
 """
 
 _EPILOG = """\
@@ -65,7 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=Path,
         default=Path("."),
         metavar="DIR",
-        help="folder the kernel works in; generated tool modules go to DIR/mcptools (default: .)",
+        help="folder the kernel works in, generated tool modules going to DIR/mcptools; over HTTP each "
+        "session works in a folder of its own in DIR/sessions (default: .)",
     )
     parser.add_argument(
         "--sandbox",
@@ -115,6 +119,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with streamable-http: close a session (and stop its kernel) after this long without "
         "requests; 0 never does (default: 3600)",
     )
+    parser.add_argument(
+        "--shared-workspace",
+        action="store_true",
+        help="with streamable-http: all sessions work in the workspace itself, not each in a folder of "
+        "its own; every session's kernel can then change what the others import and read (one trust domain)",
+    )
     args = parser.parse_args(argv)
     if args.sandbox_config is not None:
         args.sandbox = True
@@ -127,11 +137,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if workspace.exists() and not workspace.is_dir():
         parser.error(f"--workspace {workspace}: this is a file, not a folder.")
     http_only = (
-        args.port != 8000 or args.host != "127.0.0.1" or args.allow_host or args.session_timeout != 3600
+        args.port != 8000
+        or args.host != "127.0.0.1"
+        or args.allow_host
+        or args.session_timeout != 3600
+        or args.shared_workspace
     )
     if args.transport == "stdio" and http_only:
         parser.error(
-            "--host, --port, --allow-host and --session-timeout apply only with --transport streamable-http."
+            "--host, --port, --allow-host, --session-timeout and --shared-workspace apply only with "
+            "--transport streamable-http (over stdio the one session works in the workspace itself)."
         )
     if args.session_timeout < 0 or not math.isfinite(args.session_timeout):
         parser.error(f"--session-timeout {args.session_timeout:g}: give a number of seconds, or 0 for never.")
@@ -174,6 +189,7 @@ def main(argv: list[str] | None = None) -> None:
                         allowed_hosts_extra=args.allow_host,
                         # 0 means never: the SDK takes None for no idle timeout.
                         session_timeout=args.session_timeout or None,
+                        shared_workspace=args.shared_workspace,
                     )
                 )
     except IpyboxError as exc:

@@ -78,11 +78,15 @@ class SessionTable:
         self._warm = await self.settings.start_session()
 
     async def close(self) -> None:
-        """Stop the executor started with the server, if no session took it."""
+        """Stop the executor started with the server, if no session took it (and remove its
+        session folder if it is still empty)."""
         warm, self._warm = self._warm, None
         if warm is not None:
             with anyio.CancelScope(shield=True):
                 await warm.executor.stop()
+            if self.settings.session_folders:
+                with contextlib.suppress(OSError):
+                    warm.workspace.rmdir()
 
     async def own(self, ctx: ServerRequestContext[Any], params: types.NotificationParams) -> None:
         """Start the session's executor and keep it until the session ends."""
@@ -99,6 +103,10 @@ class SessionTable:
                 tools, self._warm = self._warm, None
                 if tools is None:
                     tools = await self.settings.start_session()
+                if self.settings.session_folders:
+                    print(
+                        f"ipybox: a new MCP session works in {tools.workspace}", file=sys.stderr, flush=True
+                    )
                 entry.ready.set_result(tools)
             except Exception as exc:
                 logger.error("The executor of MCP session %s could not start: %s", session_id, exc)
@@ -211,10 +219,13 @@ async def serve_http(
     port: int,
     allowed_hosts_extra: list[str] | None = None,
     session_timeout: float | None = 3600,
+    shared_workspace: bool = False,
 ) -> None:
     """Serve MCP over streamable HTTP on ``http://host:port/mcp`` until cancelled.
 
     A session without requests for `session_timeout` seconds is closed and its kernel stopped.
+    Each session works in a new folder of its own inside ``<workspace>/sessions``, kept when it
+    ends; with `shared_workspace`, all work in the workspace itself.
     """
     import uvicorn
 
@@ -222,7 +233,9 @@ async def serve_http(
     generated = not token
     if generated:
         token = secrets.token_urlsafe(32)
-    sessions = SessionTable(dataclasses.replace(settings, spare_kernel=False))
+    sessions = SessionTable(
+        dataclasses.replace(settings, spare_kernel=False, session_folders=not shared_workspace)
+    )
     server = build_server(sessions, handshake_only=True)
     server.add_notification_handler("notifications/initialized", types.NotificationParams, sessions.own)
     # The Guard checks Host and Origin for every path; the SDK's own check is left off.

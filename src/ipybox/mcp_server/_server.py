@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +18,9 @@ from dotenv import dotenv_values
 from mcp.server import Server, ServerRequestContext
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
+from ipybox._confined import Confined, ConfinedPathError
 from ipybox.code_exec import CodeExecutor
+from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
 from ipybox.mcp_server._install import Installer, packages_dir
 from ipybox.mcp_server._tools import TOOLS, Progress, ToolSession
@@ -29,17 +33,24 @@ _INSTRUCTIONS = (
 )
 
 
+SESSIONS_DIR = "sessions"
+"""Where HTTP sessions get their own working folders, inside the workspace."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the command line chose.
 
     Attributes:
-        workspace: The workspace folder (absolute); the kernel's working directory.
+        workspace: The workspace folder (absolute).
         sandbox: Run kernels in the sandbox.
         sandbox_config: A sandbox-runtime settings file.
         log_level: Log level of ipybox's own parts.
         spare_kernel: Keep a spare kernel per session for a fast reset (stdio); HTTP sessions
             do without, so that each costs one kernel's memory.
+        session_folders: Give each session a new folder of its own inside
+            ``workspace/sessions`` (`new_session_folder`) to work in, hidden from the other
+            sessions' sandboxed kernels (HTTP); else every session works in `workspace` itself.
         environ: The server's environment, where ``HOME`` and ``KERNEL_ENV_*`` are read.
     """
 
@@ -48,10 +59,12 @@ class Settings:
     sandbox_config: Path | None = None
     log_level: str = "WARNING"
     spare_kernel: bool = True
+    session_folders: bool = False
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
-    def kernel_env(self) -> dict[str, str]:
-        """The kernel's environment: ``HOME`` and every ``KERNEL_ENV_NAME`` as ``NAME``.
+    def kernel_env(self, folder: Path | None = None) -> dict[str, str]:
+        """The environment of a kernel working in `folder` (default: the workspace): ``HOME`` and
+        every ``KERNEL_ENV_NAME`` as ``NAME``.
 
         Variables come from the server's environment and the workspace's ``.env`` (the
         environment wins, as in ``${VAR}`` substitution).
@@ -73,48 +86,58 @@ class Settings:
         )
         if self.sandbox:
             # Packages installed under the sandbox live where only the kernel looks, and only the
-            # trusted installer writes (see _install).
+            # trusted installer writes (see _install), one folder per working folder.
             # The folder exists before the first kernel starts, so the sandbox binds it in
             # (read-only) and packages installed later are importable at once.
-            folder = packages_dir(self.workspace)
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            env["PYTHONPATH"] = str(folder)
+            packages = packages_dir(folder or self.workspace)
+            packages.mkdir(mode=0o700, parents=True, exist_ok=True)
+            env["PYTHONPATH"] = str(packages)
         return env
 
-    def executor(self) -> CodeExecutor:
-        """A new, unstarted executor for one MCP session."""
+    def executor(self, folder: Path | None = None) -> CodeExecutor:
+        """A new, unstarted executor for one MCP session, working in `folder` (default: the workspace)."""
+        folder = folder or self.workspace
         return CodeExecutor(
             spare_kernel=self.spare_kernel,
-            kernel_env=self.kernel_env(),
-            images_dir=self.workspace / "images",
+            kernel_env=self.kernel_env(folder),
+            images_dir=folder / "images",
             sandbox=self.sandbox,
             sandbox_config=self.sandbox_config,
             log_level=self.log_level,
             approve_tool_calls=False,
-            working_dir=self.workspace,
+            working_dir=folder,
+            sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folder != self.workspace else (),
         )
 
-    def installer(self) -> Installer:
-        """How packages are installed for kernels."""
+    def installer(self, folder: Path | None = None) -> Installer:
+        """How packages are installed for kernels working in `folder` (default: the workspace)."""
         return Installer(
             python=sys.executable,
-            sandbox_dir=packages_dir(self.workspace) if self.sandbox else None,
+            sandbox_dir=packages_dir(folder or self.workspace) if self.sandbox else None,
             environ=self.environ,
         )
 
     async def start_session(self) -> ToolSession:
         """The tools of a new session, on a started executor (a failed start leaves nothing)."""
-        executor = self.executor()
-        await executor.start()
-        return ToolSession(executor, self.workspace, self.installer(), self.transfer_rules())
+        folder = new_session_folder(self.workspace) if self.session_folders else self.workspace
+        executor = self.executor(folder)
+        try:
+            await executor.start()
+        except BaseException:
+            if folder != self.workspace:
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only if the kernel left nothing in it
+            raise
+        return ToolSession(executor, folder, self.installer(folder), self.transfer_rules(folder))
 
-    def transfer_rules(self) -> _files.Rules:
-        """What the custom sandbox settings deny in the workspace, refused by the file tools too."""
+    def transfer_rules(self, folder: Path | None = None) -> _files.Rules:
+        """What the custom sandbox settings deny in `folder` (default: the workspace), refused by the
+        file tools too."""
         if self.sandbox_config is None:
             return _files.Rules()
         from ipybox.kernel_mgr._sandbox import load_config
 
-        return _files.Rules.from_sandbox_config(self.workspace, load_config(self.sandbox_config))
+        return _files.Rules.from_sandbox_config(folder or self.workspace, load_config(self.sandbox_config))
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[ToolSession]:
@@ -125,6 +148,31 @@ class Settings:
         finally:
             with anyio.CancelScope(shield=True):
                 await tools.executor.stop()
+
+
+def new_session_folder(workspace: Path) -> Path:
+    """Make a new, empty folder for one session in ``workspace/sessions``, never through a link.
+
+    Its name is the UTC time and random characters: nothing in it comes from the client, nor
+    tells one session's kernel where another's folder is.
+
+    Raises:
+        IpyboxError: If ``workspace/sessions`` is a link or a file, or the folder cannot be made.
+    """
+    name = f"{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{secrets.token_hex(6)}"
+    try:
+        with Confined(workspace) as root:
+            fd = root.open_dir(SESSIONS_DIR, create=True)
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+            finally:
+                os.close(fd)
+    except (ConfinedPathError, OSError) as exc:
+        raise IpyboxError(
+            f"Cannot make a session folder in {workspace / SESSIONS_DIR}: {str(exc).rstrip('.')}. Fix that, "
+            "or start the server with --shared-workspace."
+        ) from exc
+    return workspace / SESSIONS_DIR / name
 
 
 class SessionSource(Protocol):
