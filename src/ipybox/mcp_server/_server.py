@@ -51,7 +51,8 @@ class Settings:
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def kernel_env(self) -> dict[str, str]:
-        """The kernel's environment: ``HOME`` and every ``KERNEL_ENV_NAME`` as ``NAME``.
+        """The kernel's environment: ``HOME``, every ``KERNEL_ENV_NAME`` as ``NAME``, and the
+        workspace's packages folder first on ``PYTHONPATH``.
 
         Variables come from the server's environment and the workspace's ``.env`` (the
         environment wins, as in ``${VAR}`` substitution).
@@ -71,14 +72,13 @@ class Settings:
                 if key.startswith(_KERNEL_ENV_PREFIX) and len(key) > len(_KERNEL_ENV_PREFIX)
             }
         )
-        if self.sandbox:
-            # Packages installed under the sandbox live where only the kernel looks, and only the
-            # trusted installer writes (see _install).
-            # The folder exists before the first kernel starts, so the sandbox binds it in
-            # (read-only) and packages installed later are importable at once.
-            folder = packages_dir(self.workspace)
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            env["PYTHONPATH"] = str(folder)
+        # Installed packages live where only the kernel looks, outside the server's environment,
+        # which a re-sync would reset (see _install). The folder exists before the first kernel
+        # starts, so a sandbox binds it in (read-only) and packages installed later are
+        # importable at once.
+        folder = packages_dir(self.workspace)
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(folder), env.get("PYTHONPATH")]))
         return env
 
     def executor(self) -> CodeExecutor:
@@ -97,9 +97,7 @@ class Settings:
     def installer(self) -> Installer:
         """How packages are installed for kernels."""
         return Installer(
-            python=sys.executable,
-            sandbox_dir=packages_dir(self.workspace) if self.sandbox else None,
-            environ=self.environ,
+            packages_dir(self.workspace), python=sys.executable, sandboxed=self.sandbox, environ=self.environ
         )
 
     async def start_session(self) -> ToolSession:
