@@ -59,6 +59,9 @@ case "$mode" in
     docker)
         image="${IPYBOX_IMAGE:-ipybox}"
         command -v docker >/dev/null 2>&1 || fail "docker is not installed; use the codeact-default or codeact-sandbox plugin instead"
+        # Without an engine, `docker image inspect` fails as if the image were missing.
+        problem="$(docker version --format '{{.Server.Version}}' 2>&1 >/dev/null)" \
+            || fail "no Docker engine answers (docker says: ${problem:-nothing}). Start Docker (Docker Desktop, or 'sudo systemctl start docker'), or point DOCKER_HOST at a running engine, then restart this MCP server"
         docker image inspect "$image" >/dev/null 2>&1 \
             || fail "the Docker image '$image' does not exist: build it once with $root/docker/build.sh"
         exec docker run -i --rm \

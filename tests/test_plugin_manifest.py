@@ -134,6 +134,11 @@ def test_the_launcher_names_a_missing_workspace(tmp_path: Path) -> None:
 
 def test_the_docker_plugin_says_how_to_build_a_missing_image(tmp_path: Path) -> None:
     env = {**os.environ, "IPYBOX_WORKSPACE": str(tmp_path), "IPYBOX_IMAGE": "ipybox-test-no-such-image"}
+    if (
+        shutil.which("docker") is not None
+        and subprocess.run(["docker", "info"], capture_output=True).returncode
+    ):
+        pytest.skip("no Docker engine is running here (the case without one is the next test)")
     result = subprocess.run([str(LAUNCHER), "docker"], capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 1
     assert result.stdout == ""
@@ -142,6 +147,24 @@ def test_the_docker_plugin_says_how_to_build_a_missing_image(tmp_path: Path) -> 
     else:
         assert "'ipybox-test-no-such-image' does not exist" in result.stderr
         assert "docker/build.sh" in result.stderr
+
+
+def test_the_docker_plugin_tells_a_user_without_a_docker_engine_to_start_one(tmp_path: Path) -> None:
+    if shutil.which("docker") is None:
+        pytest.skip("the docker CLI is not installed (apt-get install docker.io brings it)")
+    # The real CLI, pointed at a socket no engine listens on.
+    env = {**os.environ, "IPYBOX_WORKSPACE": str(tmp_path), "DOCKER_HOST": f"unix://{tmp_path / 'no-engine'}"}
+    result = subprocess.run([str(LAUNCHER), "docker"], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "no Docker engine answers" in result.stderr and "Start Docker" in result.stderr
+    assert "Cannot connect to the Docker daemon" in result.stderr, "docker's own words are quoted"
+    assert "build.sh" not in result.stderr
+    # Building the image, which the README's Docker section starts with, says the same at once.
+    build = subprocess.run(
+        ["bash", str(ROOT / "docker" / "build.sh")], capture_output=True, text=True, env=env, check=False
+    )
+    assert build.returncode == 1 and "no Docker engine answers" in build.stderr, build.stderr
 
 
 def _claude(*args: str, config_dir: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
