@@ -11,7 +11,7 @@ from typing import Any, cast
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from ipybox.mcp_server import _files, _http, _output
+from ipybox.mcp_server import _files, _http, _install, _output
 from ipybox.mcp_server._http import SessionTable, allowed_hosts
 from ipybox.mcp_server._install import Installer, InstallError, packages_dir
 from ipybox.mcp_server._server import Settings
@@ -57,7 +57,8 @@ def test_installers_read_no_configuration_and_a_sandboxed_one_reaches_only_the_i
     )
     assert "AWS_SECRET_ACCESS_KEY" not in env and env["TMPDIR"] == str(tmp_path)
     assert installer.index_hosts() == ["idx.example"]
-    assert Installer(tmp_path, environ={}).index_hosts() == ["pypi.org", "files.pythonhosted.org"]
+    # Nothing configured: the installer's own default index.
+    assert Installer(tmp_path, environ={}).index_hosts() == list(_install._PYPI_HOSTS)
 
 
 def test_output_is_cleaned_and_truncated_with_a_marker_naming_the_full_file(tmp_path: Path) -> None:
