@@ -171,7 +171,7 @@ async def test_install_package_reaches_the_package_index_from_the_container(
 
 
 async def test_the_codeact_docker_plugin_launcher_runs_the_image(workspace: Path, state_volume: str) -> None:
-    launcher = ROOT / "plugins" / "ipybox-mcp.sh"
+    launcher = ROOT / "plugins" / "codeact" / "ipybox-mcp.sh"
     env = {
         **os.environ,
         "IPYBOX_IMAGE": IMAGE,
