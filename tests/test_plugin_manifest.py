@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 
 ROOT = Path(__file__).parents[1]
@@ -336,6 +337,11 @@ async def test_the_launcher_runs_ipybox_from_a_copy_of_the_plugin_folder(tmp_pat
     )
     async with connected(params) as client:
         result = await run(client, "import ipybox, os, sys\nprint(ipybox.__file__, sys.prefix, os.getcwd())")
+        # The plugin's environment has what the tools promise: plots.
+        plot = await run(client, "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
+    assert [block.mime_type for block in plot.content if isinstance(block, types.ImageContent)] == [
+        "image/png"
+    ]
     module, prefix, cwd = text_of(result).split()
     assert Path(module).is_relative_to(copy / "ipybox" / "src") and Path(prefix) == copy / "ipybox" / ".venv"
     assert cwd == str(workspace)
