@@ -35,6 +35,13 @@ while [ "$#" -gt 0 ]; do
     esac
 done
 
+command -v docker >/dev/null 2>&1 || { echo "build.sh: docker is not installed" >&2; exit 1; }
+problem="$(docker version --format '{{.Server.Version}}' 2>&1 >/dev/null)" || {
+    echo "build.sh: no Docker engine answers (docker says: ${problem:-nothing}). Start Docker" \
+        "(Docker Desktop, or 'sudo systemctl start docker'), or point DOCKER_HOST at a running engine." >&2
+    exit 1
+}
+
 # The certificates go through the build context; the folder is emptied again afterwards.
 certs_dir=docker/ca-certificates
 find "$certs_dir" -name '*.crt' -delete

@@ -26,6 +26,7 @@ from mcp.client.stdio import StdioServerParameters
 from PIL import Image
 
 from tests.mcp_server.support import connected, run, text_of
+from tests.net_support import package_index_url
 
 ROOT = Path(__file__).parents[1]
 IMAGE = os.environ.get("IPYBOX_DOCKER_IMAGE", "")
@@ -170,7 +171,7 @@ async def test_install_package_reaches_the_package_index_from_the_container(
 
 
 async def test_the_codeact_docker_plugin_launcher_runs_the_image(workspace: Path, state_volume: str) -> None:
-    launcher = ROOT / "plugins" / "ipybox-mcp.sh"
+    launcher = ROOT / "plugins" / "codeact" / "ipybox-mcp.sh"
     env = {
         **os.environ,
         "IPYBOX_IMAGE": IMAGE,
@@ -239,7 +240,7 @@ async def test_sandbox_works_in_the_container_with_the_documented_options_and_to
         "print(attempt(lambda: open('/app/ipybox/pyproject.toml').read()))\n"
         # The application's own environment, writable by the container's user outside the sandbox.
         "print(attempt(lambda: open('/app/.venv/planted', 'w').write('x')))\n"
-        "print(attempt(lambda: urllib.request.urlopen('https://pypi.org/simple/', timeout=10)))\n"
+        f"print(attempt(lambda: urllib.request.urlopen({package_index_url()!r}, timeout=10)))\n"
     )
     shutil.copy(ROOT / "examples" / "library_server.py", workspace / "library_server.py")
     in_workspace = {"command": "python", "args": ["/app/workspace/library_server.py"]}

@@ -7,15 +7,17 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 
 ROOT = Path(__file__).parents[1]
 MARKETPLACE = ROOT / ".claude-plugin" / "marketplace.json"
-LAUNCHER = ROOT / "plugins" / "ipybox-mcp.sh"
+LAUNCHER = ROOT / "plugins" / "codeact" / "ipybox-mcp.sh"
 SKILL = ROOT / "plugins" / "codeact" / "skills" / "codeact"
 
 # Claude Code's own CLI validates the manifest and installs the plugins (npm, run with npx).
@@ -134,6 +136,11 @@ def test_the_launcher_names_a_missing_workspace(tmp_path: Path) -> None:
 
 def test_the_docker_plugin_says_how_to_build_a_missing_image(tmp_path: Path) -> None:
     env = {**os.environ, "IPYBOX_WORKSPACE": str(tmp_path), "IPYBOX_IMAGE": "ipybox-test-no-such-image"}
+    if (
+        shutil.which("docker") is not None
+        and subprocess.run(["docker", "info"], capture_output=True).returncode
+    ):
+        pytest.skip("no Docker engine is running here (the case without one is the next test)")
     result = subprocess.run([str(LAUNCHER), "docker"], capture_output=True, text=True, env=env, check=False)
     assert result.returncode == 1
     assert result.stdout == ""
@@ -142,6 +149,24 @@ def test_the_docker_plugin_says_how_to_build_a_missing_image(tmp_path: Path) -> 
     else:
         assert "'ipybox-test-no-such-image' does not exist" in result.stderr
         assert "docker/build.sh" in result.stderr
+
+
+def test_the_docker_plugin_tells_a_user_without_a_docker_engine_to_start_one(tmp_path: Path) -> None:
+    if shutil.which("docker") is None:
+        pytest.skip("the docker CLI is not installed (apt-get install docker.io brings it)")
+    # The real CLI, pointed at a socket no engine listens on.
+    env = {**os.environ, "IPYBOX_WORKSPACE": str(tmp_path), "DOCKER_HOST": f"unix://{tmp_path / 'no-engine'}"}
+    result = subprocess.run([str(LAUNCHER), "docker"], capture_output=True, text=True, env=env, check=False)
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "no Docker engine answers" in result.stderr and "Start Docker" in result.stderr
+    assert "Cannot connect to the Docker daemon" in result.stderr, "docker's own words are quoted"
+    assert "build.sh" not in result.stderr
+    # Building the image, which the README's Docker section starts with, says the same at once.
+    build = subprocess.run(
+        ["bash", str(ROOT / "docker" / "build.sh")], capture_output=True, text=True, env=env, check=False
+    )
+    assert build.returncode == 1 and "no Docker engine answers" in build.stderr, build.stderr
 
 
 def _claude(*args: str, config_dir: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
@@ -164,11 +189,17 @@ def _claude(*args: str, config_dir: Path, cwd: Path | None = None) -> subprocess
     )
 
 
+# What `scripts/setup.sh` and a test run leave in a clone (the real .venv is about 445 MB).
+SET_UP_CLONE_FILES = [".venv/big.bin", "scripts/srt/node_modules/big.bin", ".mypy_cache/big.bin"]
+
+
 @pytest.fixture(scope="module")
 def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """The repository's files as a clone has them (no virtual environment or caches)."""
+    """The repository's files as a set-up clone has them: links stay links, and a virtual
+    environment, srt's node_modules and caches lie beside them (20 MB more in each here)."""
     if shutil.which("npx") is None:
         pytest.skip("npx is not installed")
+    uv = shutil.which("uv") or str(Path.home() / ".local" / "bin" / "uv")
     target = tmp_path_factory.mktemp("clone") / "ipybox"
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
@@ -178,10 +209,22 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     ).stdout.decode()
     for name in filter(None, listed.split("\0")):
         source = ROOT / name
-        if source.is_file():
+        if source.is_symlink():
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            (target / name).symlink_to(os.readlink(source))
+        elif source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
+    # A real environment: Claude Code starts the plugins of a clone's marketplace in the clone.
+    subprocess.run([uv, "venv", "--quiet", "--python", sys.executable, str(target / ".venv")], check=True)
+    for name in SET_UP_CLONE_FILES:
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        (target / name).write_bytes(os.urandom(20 * 2**20))
     yield target
+
+
+def _tree_size(folder: Path) -> int:
+    return sum(path.lstat().st_size for path in folder.rglob("*") if path.is_file() or path.is_symlink())
 
 
 def test_claude_code_validates_the_marketplace_strictly(clone: Path, tmp_path: Path) -> None:
@@ -201,6 +244,19 @@ def test_claude_code_installs_each_plugin_and_connects_to_its_server(clone: Path
     for name in ["codeact-default", "codeact-sandbox"]:
         installed = _claude("plugin", "install", f"{name}@ipybox", config_dir=config)
         assert installed.returncode == 0, installed.stdout + installed.stderr
+        # Claude Code copies the plugin's folder into its cache: the launcher, the skill and what
+        # building ipybox needs (the links into the clone materialized), not the clone's .venv.
+        (copy,) = (config / "plugins" / "cache" / "ipybox" / name).iterdir()
+        assert not [n for n in SET_UP_CLONE_FILES if (copy / n).exists() or (copy / "ipybox" / n).exists()]
+        assert (copy / "ipybox-mcp.sh").is_file() and (copy / "skills" / "codeact" / "SKILL.md").is_file()
+        for needed in [
+            "pyproject.toml",
+            "uv.lock",
+            "src/ipybox/__init__.py",
+            "scripts/srt/package-lock.json",
+        ]:
+            assert (copy / "ipybox" / needed).is_file() and not (copy / "ipybox" / needed).is_symlink()
+        assert _tree_size(copy) < 5 * 2**20, f"{name}'s copy holds {_tree_size(copy)} bytes"
     # Claude Code starts each plugin's server in the project, as a session would, and checks it
     # (the sandboxed one installs srt into the plugin's copy first).
     listed = _claude("mcp", "list", config_dir=config, cwd=project)
@@ -262,3 +318,30 @@ async def test_the_sandbox_launcher_uses_the_workspaces_sandbox_config(tmp_path:
     async with connected(params) as client:
         custom = await run(client, code)
     assert text_of(custom).strip() == "allowed", text_of(custom)
+
+
+@pytest.mark.timeout(600)
+async def test_the_launcher_runs_ipybox_from_a_copy_of_the_plugin_folder(tmp_path: Path) -> None:
+    """What Claude Code's plugin cache holds: the plugin folder with its links made files."""
+    from mcp.client.stdio import StdioServerParameters
+
+    from tests.mcp_server.support import connected, run, server_env, text_of
+
+    copy = tmp_path / "cache" / "codeact-default"
+    shutil.copytree(LAUNCHER.parent, copy, symlinks=False)
+    assert not any(path.is_symlink() for path in copy.rglob("*"))
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    params = StdioServerParameters(
+        command=str(copy / LAUNCHER.name), args=["default"], env=server_env(CLAUDE_PROJECT_DIR=str(workspace))
+    )
+    async with connected(params) as client:
+        result = await run(client, "import ipybox, os, sys\nprint(ipybox.__file__, sys.prefix, os.getcwd())")
+        # The plugin's environment has what the tools promise: plots.
+        plot = await run(client, "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()")
+    assert [block.mime_type for block in plot.content if isinstance(block, types.ImageContent)] == [
+        "image/png"
+    ]
+    module, prefix, cwd = text_of(result).split()
+    assert Path(module).is_relative_to(copy / "ipybox" / "src") and Path(prefix) == copy / "ipybox" / ".venv"
+    assert cwd == str(workspace)

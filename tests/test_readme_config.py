@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import mcp_types as types
 import pytest
 from mcp.client.stdio import StdioServerParameters
 
@@ -82,7 +83,13 @@ async def test_the_clone_form_serves_an_mcp_session_as_pasted(tmp_path: Path) ->
         tools = {tool.name for tool in (await client.list_tools()).tools}
         assert "execute_ipython_cell" in tools
         result = await run(client, "import os\nprint(os.getcwd())")
+        # The tools promise plots: the configuration installs what they need (matplotlib).
+        plot = await run(client, "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.show()")
     assert text_of(result).strip() == str(tmp_path)
+    assert not plot.is_error, text_of(plot)
+    images = [block for block in plot.content if isinstance(block, types.ImageContent)]
+    assert len(images) == 1 and images[0].mime_type == "image/png"
+    assert len(list((tmp_path / "images").glob("*.png"))) == 1
 
 
 @pytest.mark.timeout(600)

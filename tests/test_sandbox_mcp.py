@@ -9,6 +9,7 @@ import pytest
 
 from ipybox import CodeExecutionError, CodeExecutor, generate_mcp_sources
 from ipybox.kernel_mgr import _sandbox
+from tests.net_support import host_of, npm_registry_url
 from tests.sandbox_support import require_sandbox
 
 pytestmark = pytest.mark.asyncio
@@ -29,7 +30,7 @@ async def test_an_mcp_server_run_by_srt_serves_the_workspace_but_cannot_read_dot
     settings.write_text(
         json.dumps(
             {
-                "network": {"allowedDomains": ["registry.npmjs.org"], "deniedDomains": []},
+                "network": {"allowedDomains": [host_of(npm_registry_url())], "deniedDomains": []},
                 "filesystem": {
                     "denyRead": [str(work / ".env")],
                     "allowWrite": [str(Path.home() / ".npm"), str(work)],

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
+from tests.net_support import package_index_url
 from tests.sandbox_support import require_sandbox
 
 ATTEMPT = (
@@ -51,7 +52,7 @@ async def test_a_sandboxed_server_contains_the_code_and_still_runs_tool_calls(wo
             # The kernel's own Python is visible (read-only); the rest of /tmp is hidden.
             f"print(attempt(lambda: open({str(Path(sys.prefix) / 'outside.txt')!r}, 'w').write('x')))\n"
             "import urllib.request\n"
-            "print(attempt(lambda: urllib.request.urlopen('https://pypi.org/simple/', timeout=10)))\n",
+            f"print(attempt(lambda: urllib.request.urlopen({package_index_url()!r}, timeout=10)))\n",
         )
         assert not result.is_error, text_of(result)
         assert text_of(result).split() == [

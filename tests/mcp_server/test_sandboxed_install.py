@@ -91,7 +91,7 @@ async def test_pip_is_never_imported_from_the_folder_the_installer_is_started_fr
     # No uv anywhere it is looked for, so the installer is `python -m pip`.
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     monkeypatch.setenv("HOME", str(tmp_path))
-    installer = Installer(python=sys.executable, sandbox_dir=None, environ={"PATH": "/usr/bin:/bin"})
+    installer = Installer(tmp_path / "site", python=sys.executable, environ={"PATH": "/usr/bin:/bin"})
     assert installer.command("six")[:4] == [sys.executable, "-I", "-m", "pip"]
     with pytest.raises(InstallError):  # this uv-made environment has no pip of its own
         await installer.install("cowsay==6.1", timeout=60)

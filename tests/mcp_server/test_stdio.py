@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import os
+import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -16,11 +17,13 @@ import pytest_asyncio
 from mcp.client import Client
 from PIL import Image
 
+from ipybox.mcp_server._install import packages_dir
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
 from tests.servers.demo_server import png_bytes
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -298,32 +301,47 @@ async def test_install_makes_a_package_importable_and_reset_keeps_it(client: Cli
     assert bad.is_error and "not a package requirement" in text_of(bad)
     missing = await client.call_tool("install_package", {"package_name": "ipybox-no-such-package-xyz==1.0"})
     assert missing.is_error and "failed" in text_of(missing)
-    try:
-        installed = await client.call_tool("install_package", {"package_name": "cowsay==6.1"})
-        assert not installed.is_error, text_of(installed)
-        assert text_of(await run(client, "import cowsay\ncowsay.__version__")) == "'6.1'"
+    installed = await client.call_tool("install_package", {"package_name": "cowsay==6.1"})
+    assert not installed.is_error, text_of(installed)
+    assert text_of(await run(client, "import cowsay\ncowsay.__version__")) == "'6.1'"
+    where = Path(text_of(await run(client, "print(cowsay.__file__)")))
+    assert where.parent.parent == packages_dir(workspace)
 
-        await run(client, "before_reset = 1")
-        reset = await client.call_tool("reset", {})
-        assert not reset.is_error
-        gone = await run(client, "before_reset")
-        assert gone.is_error and "NameError" in text_of(gone)
-        assert text_of(await run(client, "import cowsay\ncowsay.__version__")) == "'6.1'"
-        assert (workspace / "mcptools").is_dir()
-        after = await run(client, "import os\nos.getcwd()")
-        assert text_of(after) == repr(str(workspace))
-    finally:
-        uninstall = await asyncio.create_subprocess_exec(
-            "uv",
-            "pip",
-            "uninstall",
-            "--python",
-            sys.executable,
-            "cowsay",
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-        await uninstall.wait()
+    await run(client, "before_reset = 1")
+    reset = await client.call_tool("reset", {})
+    assert not reset.is_error
+    gone = await run(client, "before_reset")
+    assert gone.is_error and "NameError" in text_of(gone)
+    assert text_of(await run(client, "import cowsay\ncowsay.__version__")) == "'6.1'"
+    assert (workspace / "mcptools").is_dir()
+    after = await run(client, "import os\nos.getcwd()")
+    assert text_of(after) == repr(str(workspace))
+
+
+@pytest.mark.timeout(300)
+async def test_an_installed_package_survives_the_clones_set_up_which_resyncs_its_environment(
+    client: Client,
+) -> None:
+    """Every README command runs scripts/setup.sh, whose `uv sync --frozen` removes packages the
+    lock file does not name from the clone's environment, the one the server runs from."""
+    if Path(sys.prefix) != ROOT / ".venv":
+        pytest.skip("the tests do not run from the clone's own environment")
+    installed = await client.call_tool("install_package", {"package_name": "text-unidecode==1.3"})
+    assert not installed.is_error, text_of(installed)
+    uv = shutil.which("uv") or str(Path.home() / ".local" / "bin" / "uv")
+    sync = await asyncio.create_subprocess_exec(
+        uv, "sync", "--frozen", "--quiet", cwd=ROOT, stderr=asyncio.subprocess.PIPE
+    )
+    _, errors = await sync.communicate()
+    assert sync.returncode == 0, errors.decode()
+    assert not (await client.call_tool("reset", {})).is_error
+    result = await run(client, "import text_unidecode\nprint(text_unidecode.unidecode('caf\u00e9'))")
+    assert text_of(result) == "cafe"
+    # The clone's environment itself stays as the lock file says.
+    check = await asyncio.create_subprocess_exec(
+        sys.executable, "-I", "-c", "import text_unidecode", stderr=asyncio.subprocess.DEVNULL
+    )
+    assert await check.wait() != 0
 
 
 async def test_bad_arguments_get_a_clear_error(client: Client) -> None:

@@ -12,14 +12,14 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from ipybox.kernel_mgr import _sandbox
-from ipybox.mcp_server import _files, _http, _output
+from ipybox.mcp_server import _files, _http, _install, _output
 from ipybox.mcp_server._http import SessionTable, allowed_hosts
 from ipybox.mcp_server._install import Installer, InstallError, packages_dir
 from ipybox.mcp_server._server import Settings, new_session_folder
 
 
 def test_install_commands_take_one_requirement_and_never_an_option() -> None:
-    installer = Installer(python="/env/bin/python")
+    installer = Installer(Path("/state/site"), python="/env/bin/python")
     for spec in [
         "requests",
         "pandas>=2.2",
@@ -29,13 +29,14 @@ def test_install_commands_take_one_requirement_and_never_an_option() -> None:
     ]:
         command = installer.command(spec)
         assert command[-1] == spec.strip() and "/env/bin/python" in command
+        assert command[command.index("--target") + 1] == "/state/site"
     for bad in ["", "-r requirements.txt", "--index-url http://evil", "a b", "pkg\n--pre", "git+https://x y"]:
         with pytest.raises(InstallError):
             installer.command(bad)
 
 
 def test_under_the_sandbox_installs_are_wheels_into_a_kernel_only_folder(tmp_path: Path) -> None:
-    installer = Installer(python="/env/bin/python", sandbox_dir=tmp_path / "site")
+    installer = Installer(tmp_path / "site", python="/env/bin/python", sandboxed=True)
     command = installer.command("requests==2.32.3")
     assert command[command.index("--target") + 1] == str(tmp_path / "site")
     assert command[command.index("--only-binary") + 1] == ":all:"
@@ -50,14 +51,15 @@ def test_installers_read_no_configuration_and_a_sandboxed_one_reaches_only_the_i
         "AWS_SECRET_ACCESS_KEY": "s",
         "PIP_INDEX_URL": "https://idx.example/simple",
     }
-    installer = Installer(python="/env/bin/python", sandbox_dir=tmp_path / "site", environ=environ)
+    installer = Installer(tmp_path / "site", python="/env/bin/python", sandboxed=True, environ=environ)
     env = installer.environment(tmp_path)
     assert (
         env["UV_NO_CONFIG"] == "1" and env["UV_LINK_MODE"] == "copy" and env["PIP_CONFIG_FILE"] == os.devnull
     )
     assert "AWS_SECRET_ACCESS_KEY" not in env and env["TMPDIR"] == str(tmp_path)
     assert installer.index_hosts() == ["idx.example"]
-    assert Installer(environ={}).index_hosts() == ["pypi.org", "files.pythonhosted.org"]
+    # Nothing configured: the installer's own default index.
+    assert Installer(tmp_path, environ={}).index_hosts() == list(_install._PYPI_HOSTS)
 
 
 def test_output_is_cleaned_and_truncated_with_a_marker_naming_the_full_file(tmp_path: Path) -> None:
@@ -100,10 +102,12 @@ def test_sandbox_options_reach_the_executor_and_the_kernel_env_is_an_allow_list(
         "B": "environ-wins",
         "PYTHONPATH": str(packages_dir(tmp_path)),
     }
-    assert settings.installer().sandbox_dir == packages_dir(tmp_path)
+    assert settings.installer().target == packages_dir(tmp_path) and settings.installer().sandboxed
     assert not packages_dir(tmp_path).is_relative_to(tmp_path)
-    plain = Settings(workspace=tmp_path, environ={"HOME": "/h"})
-    assert "PYTHONPATH" not in plain.kernel_env() and plain.installer().sandbox_dir is None
+    # Without the sandbox too, installs go to the same folder, ahead of the kernel's own path.
+    plain = Settings(workspace=tmp_path, environ={"HOME": "/h", "KERNEL_ENV_PYTHONPATH": "/mine"})
+    assert plain.kernel_env()["PYTHONPATH"] == f"{packages_dir(tmp_path)}{os.pathsep}/mine"
+    assert plain.installer().target == packages_dir(tmp_path) and not plain.installer().sandboxed
 
 
 def test_a_sessions_own_folder_is_its_working_directory_and_the_other_sessions_are_hidden(
@@ -116,7 +120,7 @@ def test_a_sessions_own_folder_is_its_working_directory_and_the_other_sessions_a
     assert executor.working_dir == folder and executor.images_dir == folder / "images"
     assert executor.sandbox_hidden == (tmp_path / "sessions",)
     assert executor.kernel_env["PYTHONPATH"] == str(packages_dir(folder)) != str(packages_dir(tmp_path))
-    assert settings.installer(folder).sandbox_dir == packages_dir(folder)
+    assert settings.installer(folder).target == packages_dir(folder)
     assert Settings(workspace=tmp_path, sandbox=True).executor().sandbox_hidden == ()
     # A custom config that lets kernels write the whole workspace: the session's own folder is
     # named, so that srt binds it back writable over the hidden sessions folder.
@@ -152,8 +156,8 @@ def test_only_the_most_recent_full_outputs_are_kept(tmp_path: Path) -> None:
 
 
 def test_pep508_direct_references_and_file_urls_are_refused_under_the_sandbox(tmp_path: Path) -> None:
-    plain = Installer(python="/env/bin/python")
-    sandboxed = Installer(python="/env/bin/python", sandbox_dir=tmp_path / "site")
+    plain = Installer(tmp_path / "site", python="/env/bin/python")
+    sandboxed = Installer(tmp_path / "site", python="/env/bin/python", sandboxed=True)
     for spec in [
         "pkg @ git+https://github.com/x/y",
         "pkg[extra] @ https://example.com/pkg-1.0.tar.gz",

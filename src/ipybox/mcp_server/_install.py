@@ -1,7 +1,10 @@
 """Installing packages for the kernel, with uv when it is there and pip otherwise.
 
-The kernel runs this process's interpreter (``sys.executable``), so packages go into its
-environment. A uv-made environment has no pip, hence ``uv pip install --python``.
+Packages go into a folder of the workspace's own in ipybox's state folder (`packages_dir`), which
+is on the kernel's path (``PYTHONPATH``) and on nobody else's: not into the environment the
+server runs from, which ``uv sync`` (and so ``scripts/setup.sh`` in a clone) would reset, and
+whose packages the server's own processes import. Installs outlive the server, its restarts and
+re-syncs of its environment, and belong to the workspace.
 
 The installer is a trusted program, so it takes nothing from where the kernel can write: it
 starts in a private, empty folder (a ``pip/`` package or ``uv.toml`` planted in the workspace is
@@ -12,11 +15,10 @@ copies files out of it (``UV_LINK_MODE=copy``: no hard link shared with anything
 
 Under ``--sandbox`` it also must not run code the agent chose: only wheels are accepted
 (``--only-binary :all:``, no build scripts run) and URLs are refused (``git+``, ``file:``,
-``https:`` and PEP 508 direct references ``name @ URL``). The packages go into a folder in
-ipybox's state folder, one per workspace (`packages_dir`), on the kernel's path only: kernels
-cannot write it (the gateway protects the state folder), so no session can plant code there
-for another, and installs outlive the server. The installer then runs inside a sandbox of its
-own (``srt``) that reaches only the package index and writes only that folder and its cache.
+``https:`` and PEP 508 direct references ``name @ URL``). Sandboxed kernels cannot write the
+packages folder (the gateway protects the state folder), so no session can plant code there for
+another. The installer then runs inside a sandbox of its own (``srt``) that reaches only the
+package index and writes only that folder and its cache.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def state_folder() -> Path:
 
 
 def packages_dir(workspace: Path) -> Path:
-    """The folder sandboxed installs of `workspace` go into: in the state folder, one per workspace."""
+    """The folder installs for `workspace` go into: in the state folder, one per workspace."""
     key = hashlib.sha256(str(workspace.resolve()).encode()).hexdigest()[:16]
     return state_folder() / "packages" / f"{workspace.resolve().name[:40]}-{key}" / "site-packages"
 
@@ -72,13 +74,15 @@ class Installer:
     """Runs installs for one kernel environment.
 
     Args:
-        python: The kernel's interpreter.
-        sandbox_dir: With ``--sandbox``: the kernel-only folder packages go into (`packages_dir`).
+        target: The folder packages go into (`packages_dir`), on the kernel's path.
+        python: The kernel's interpreter, whose version and platform the packages are for.
+        sandboxed: Under ``--sandbox``: wheels only, no URLs, and the installer in a sandbox.
         environ: The application's environment, where the index and certificate settings are read.
     """
 
+    target: Path
     python: str = sys.executable
-    sandbox_dir: Path | None = None
+    sandboxed: bool = False
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def command(self, package: str) -> list[str]:
@@ -100,15 +104,15 @@ class Installer:
         # A PEP 508 direct reference, 'name @ git+https://...' or 'name @ file:...', installs from
         # a URL just as a bare URL does.
         direct = requirement is not None and "@" in (requirement.group(2) or "").split(";")[0]
-        extra: list[str] = []
-        if self.sandbox_dir is not None:
+        extra = ["--target", str(self.target)]
+        if self.sandboxed:
             if is_url or direct:
                 raise InstallError(
                     f"Installing from {spec!r} is refused under --sandbox: a URL or local path (git+, file:, "
                     "'name @ URL') can bring a package built from source, whose build code would run outside "
                     "the sandbox. Install a published wheel by name instead."
                 )
-            extra = ["--target", str(self.sandbox_dir), "--only-binary", ":all:"]
+            extra += ["--only-binary", ":all:"]
         uv = _find_uv(self.python)
         if uv is not None:
             return [uv, "pip", "install", "--no-config", "--python", self.python, *extra, spec]
@@ -140,7 +144,7 @@ class Installer:
         """The installer's whole environment: nothing of the application's but `_PASSED_ENV` and
         the index settings; its temporary files in `private`, its cache in the state folder."""
         env = {key: self.environ[key] for key in (*_PASSED_ENV, *_UV_INDEX_ENV) if key in self.environ}
-        if self.sandbox_dir is None:
+        if not self.sandboxed:
             env.update({key: self.environ[key] for key in _PROXY_ENV if key in self.environ})
         env.update(
             {
@@ -176,18 +180,16 @@ class Installer:
         command = self.command(package)
         cache = state_folder() / "cache"
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if self.sandbox_dir is not None:
-            self.sandbox_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.target.mkdir(mode=0o700, parents=True, exist_ok=True)
         private = Path(tempfile.mkdtemp(prefix="ipybox-install-"))
         try:
-            if self.sandbox_dir is not None:
+            if self.sandboxed:
                 command = self._sandboxed(command, private, cache)
             return await self._run(command, package, private, timeout)
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
     def _sandboxed(self, command: list[str], private: Path, cache: Path) -> list[str]:
-        assert self.sandbox_dir is not None
         try:
             srt = _sandbox.find_srt()
         except Exception as exc:
@@ -197,7 +199,7 @@ class Installer:
             "network": {"allowedDomains": self.index_hosts(), "deniedDomains": []},
             "filesystem": {
                 "denyRead": [str(home / path[2:]) for path in _sandbox.CREDENTIAL_STORES],
-                "allowWrite": [str(self.sandbox_dir), str(cache), str(private)],
+                "allowWrite": [str(self.target), str(cache), str(private)],
                 "denyWrite": [],
             },
         }

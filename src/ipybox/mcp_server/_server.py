@@ -63,8 +63,9 @@ class Settings:
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
     def kernel_env(self, folder: Path | None = None) -> dict[str, str]:
-        """The environment of a kernel working in `folder` (default: the workspace): ``HOME`` and
-        every ``KERNEL_ENV_NAME`` as ``NAME``.
+        """The environment of a kernel working in `folder` (default: the workspace): ``HOME``,
+        every ``KERNEL_ENV_NAME`` as ``NAME``, and the folder's packages folder first on
+        ``PYTHONPATH``.
 
         Variables come from the server's environment and the workspace's ``.env`` (the
         environment wins, as in ``${VAR}`` substitution).
@@ -84,14 +85,13 @@ class Settings:
                 if key.startswith(_KERNEL_ENV_PREFIX) and len(key) > len(_KERNEL_ENV_PREFIX)
             }
         )
-        if self.sandbox:
-            # Packages installed under the sandbox live where only the kernel looks, and only the
-            # trusted installer writes (see _install), one folder per working folder.
-            # The folder exists before the first kernel starts, so the sandbox binds it in
-            # (read-only) and packages installed later are importable at once.
-            packages = packages_dir(folder or self.workspace)
-            packages.mkdir(mode=0o700, parents=True, exist_ok=True)
-            env["PYTHONPATH"] = str(packages)
+        # Installed packages live where only the kernel looks, outside the server's environment,
+        # which a re-sync would reset (see _install), one folder per working folder. The folder
+        # exists before the first kernel starts, so a sandbox binds it in (read-only) and
+        # packages installed later are importable at once.
+        packages = packages_dir(folder or self.workspace)
+        packages.mkdir(mode=0o700, parents=True, exist_ok=True)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(packages), env.get("PYTHONPATH")]))
         return env
 
     def executor(self, folder: Path | None = None) -> CodeExecutor:
@@ -112,8 +112,9 @@ class Settings:
     def installer(self, folder: Path | None = None) -> Installer:
         """How packages are installed for kernels working in `folder` (default: the workspace)."""
         return Installer(
+            packages_dir(folder or self.workspace),
             python=sys.executable,
-            sandbox_dir=packages_dir(folder or self.workspace) if self.sandbox else None,
+            sandboxed=self.sandbox,
             environ=self.environ,
         )
 

@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
 # Starts the ipybox MCP server (stdio) for the codeact plugins of this repository's marketplace.
 #
-#   plugins/ipybox-mcp.sh default|sandbox|docker
+#   plugins/codeact/ipybox-mcp.sh default|sandbox|docker
 #
 # default  ipybox without a sandbox (code runs as you)
 # sandbox  ipybox --sandbox, with <workspace>/sandbox-config.json when that file exists
 # docker   the ipybox image (IPYBOX_IMAGE, default "ipybox"; build it with docker/build.sh)
 #
 # The workspace is IPYBOX_WORKSPACE, else the Claude Code project (CLAUDE_PROJECT_DIR), else the
-# current folder. ipybox runs from this checkout of the repository with its locked dependencies
-# (uv run); IPYBOX_COMMAND replaces that command (for example "uvx ipybox").
+# current folder. ipybox runs with its locked dependencies (uv run) from the plugin's ipybox/
+# folder: what building ipybox needs and nothing else (Claude Code copies the plugin folder when
+# it installs the plugin). In a clone those files are links into the repository, and ipybox runs
+# from the clone itself, with its .venv. IPYBOX_COMMAND replaces that command (for example
+# "/path/to/ipybox/.venv/bin/ipybox").
 # Everything this script says goes to stderr: stdout belongs to the MCP protocol.
 set -euo pipefail
 
 mode="${1:-default}"
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$here/ipybox"
+if [ -L "$root/pyproject.toml" ]; then
+    root="$(cd "$here/../.." && pwd)"
+fi
 workspace="${IPYBOX_WORKSPACE:-${CLAUDE_PROJECT_DIR:-$PWD}}"
 
 fail() {
@@ -59,8 +66,11 @@ case "$mode" in
     docker)
         image="${IPYBOX_IMAGE:-ipybox}"
         command -v docker >/dev/null 2>&1 || fail "docker is not installed; use the codeact-default or codeact-sandbox plugin instead"
+        # Without an engine, `docker image inspect` fails as if the image were missing.
+        problem="$(docker version --format '{{.Server.Version}}' 2>&1 >/dev/null)" \
+            || fail "no Docker engine answers (docker says: ${problem:-nothing}). Start Docker (Docker Desktop, or 'sudo systemctl start docker'), or point DOCKER_HOST at a running engine, then restart this MCP server"
         docker image inspect "$image" >/dev/null 2>&1 \
-            || fail "the Docker image '$image' does not exist: build it once with $root/docker/build.sh"
+            || fail "the Docker image '$image' does not exist: build it once with docker/build.sh in a clone of ipybox"
         exec docker run -i --rm \
             -v "$workspace:/app/workspace" \
             -v "${IPYBOX_STATE_VOLUME:-ipybox-state}:/app/state" \
