@@ -68,16 +68,20 @@ print(json.dumps({
 # Kernel code: try everything that could keep this kernel alive without its gateway, and leave a
 # detached process of its own behind.
 OUTLIVE = """
-import os, signal, subprocess
+import os, signal, subprocess, time
 os._exit = lambda *args: None
 for name in ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGPIPE", "SIGUSR1", "SIGUSR2"):
     signal.signal(getattr(signal, name), signal.SIG_IGN)
 signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP})
 detached = subprocess.Popen(
-    ["sleep", "100000"], start_new_session=True, stdin=subprocess.DEVNULL,
+    ["sleep", "100001"], start_new_session=True, stdin=subprocess.DEVNULL,
     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
 )
-print(detached.pid)
+# vfork returns before exec has set the new command line: wait until it shows.
+deadline = time.monotonic() + 30
+while not open(f"/proc/{detached.pid}/cmdline").read() and time.monotonic() < deadline:
+    time.sleep(0.001)
+print(open(f"/proc/{detached.pid}/cmdline").read().split("\\0"))
 """
 
 
@@ -113,13 +117,14 @@ async def test_a_sandboxed_kernel_that_defends_itself_ends_with_its_killed_gatew
         KernelGateway(port=None, sandbox=True, working_dir=project) as gateway,
         KernelClient(port=gateway.port) as client,
     ):
-        await client.execute(OUTLIVE)
+        assert (await client.execute(OUTLIVE)).text == "['sleep', '100001', '']"
         assert gateway._process is not None
         process = psutil.Process(gateway._process.pid)
         descendants = process.children(recursive=True)
         names = [" ".join(proc.cmdline()) for proc in descendants]
-        assert any("ipykernel_launcher" in name for name in names), names
-        assert any(name.startswith("sleep 100000") for name in names), names
+        listing = "\n".join(name[:100] for name in names)
+        assert any("ipykernel_launcher" in name for name in names), listing
+        assert "sleep 100001" in names, listing
         process.kill()
         _, alive = await asyncio.to_thread(psutil.wait_procs, descendants, timeout=60)
         for proc in alive:

@@ -13,10 +13,12 @@ only, like `ipybox.kernel_mgr._limits`). SPEC is a JSON object the gateway's man
   folders, not even those of its own executor's spare or previous kernels.
 - Ends the kernel with the gateway. A watcher process, forked here and so outside the sandbox,
   waits for the lock the gateway holds for its whole life (``IPYBOX_GATEWAY_LOCK``) and, once it
-  is released (the gateway ended, even by SIGKILL), kills this process's group: srt, the shell
-  it starts and bwrap, whose ``--die-with-parent`` then ends the sandbox's PID namespace, every
-  process in it included. Nothing in the sandbox can stop it. The watcher ends with srt
-  (``PR_SET_PDEATHSIG``), so a kernel shut down normally leaves nothing behind.
+  is released (the gateway ended, even by SIGKILL), ends srt: srt passes SIGTERM to the shell it
+  started, whose end makes bwrap (``--die-with-parent``) end the sandbox's PID namespace, every
+  process in it included; after a grace period, this process's whole group (srt, that shell,
+  bwrap) is killed. Nothing in the sandbox can stop it: it sees none of these processes. The
+  watcher ends with srt (``PR_SET_PDEATHSIG``), so a kernel shut down normally leaves nothing
+  behind.
 
 It then becomes srt (through the limits launcher when there are limits), so the gateway's
 signals reach srt directly.
@@ -38,6 +40,7 @@ if TYPE_CHECKING:  # typing costs milliseconds at every kernel start
 SETTINGS_SUFFIX = ".srt-settings.json"
 """The kernel's own srt settings are its folder's path with this suffix."""
 _PR_SET_PDEATHSIG = 1
+_GRACE = 5.0
 
 
 def wrap(srt: str, settings_file: str, argv: list[str], tmp_dir: str, working_dir: str) -> list[str]:
@@ -103,6 +106,12 @@ def _end_with_gateway(lock_file: str) -> None:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
         if os.getppid() == launcher:  # else srt already ended, and its group with it
             fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the gateway's exclusive lock is gone
+            # srt passes SIGTERM on (bwrap then ends the sandbox) and removes its stand-ins; its
+            # end ends this watcher. What still runs after the grace period is killed.
+            os.kill(launcher, signal.SIGTERM)
+            import time
+
+            time.sleep(_GRACE)
             os.killpg(launcher, signal.SIGKILL)
     finally:
         os._exit(0)
