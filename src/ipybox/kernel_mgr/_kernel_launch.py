@@ -64,7 +64,9 @@ def _private_folders(spec: dict[str, Any], connection_file: str) -> tuple[str, s
     if os.path.dirname(folder) != spec["runtime"]:
         raise RuntimeError(f"the connection file {connection_file} is not in a folder of the kernel's own")
     tmp = os.path.join(folder, "tmp")
-    if os.path.lexists(tmp):  # a restarted kernel starts with an empty one
+    if os.path.islink(tmp):  # a restarted kernel starts with an empty one
+        os.unlink(tmp)
+    elif os.path.lexists(tmp):
         import shutil
 
         shutil.rmtree(tmp)
@@ -101,9 +103,7 @@ def _end_with_gateway(lock_file: str) -> None:
         null = os.open(os.devnull, os.O_RDWR)
         for std in (0, 1, 2):  # holds none of the gateway's pipes open
             os.dup2(null, std)
-        import ctypes
-
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        _end_with_parent(launcher)
         if os.getppid() == launcher:  # else srt already ended, and its group with it
             fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the gateway's exclusive lock is gone
             # srt passes SIGTERM on (bwrap then ends the sandbox) and removes its stand-ins; its
@@ -115,6 +115,24 @@ def _end_with_gateway(lock_file: str) -> None:
             os.killpg(launcher, signal.SIGKILL)
     finally:
         os._exit(0)
+
+
+def _end_with_parent(parent: int) -> None:
+    """End this process when its parent (srt) ends."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        return
+    import threading
+    import time
+
+    def poll() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=poll, daemon=True).start()
 
 
 def _launch(spec: dict[str, Any], connection_file: str, argv: list[str]) -> None:
