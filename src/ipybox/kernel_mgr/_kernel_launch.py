@@ -2,13 +2,13 @@
 
 The kernel spec of a sandboxed gateway runs this file as a script, outside the sandbox and before
 srt (``python -I -S _kernel_launch.py SPEC CONNECTION_FILE -- KERNEL_ARGV``; standard library
-only, like `ipybox.kernel_mgr._limits`). SPEC is a JSON object the gateway's manager wrote
-(`launch_argv`). The script:
+only, like `ipybox.kernel_mgr._limits`). SPEC is the JSON object ``KernelGateway`` wrote into
+the kernel spec: srt, the gateway's settings, folders and lock. The script:
 
 - Gives the kernel private folders. The gateway put the kernel's connection file (its key) and
   its ZMQ sockets in a folder made for this kernel alone (``_gateway_main``); a fresh ``tmp``
   inside it holds the kernel's ``TMPDIR``, IPython and Jupyter folders (every variable that named
-  the gateway's shared temporary folder is pointed at it) and srt's own sockets. The kernel's srt
+  the gateway's shared temporary folder is pointed at it); srt's own sockets sit beside it. The kernel's srt
   settings are the gateway's, with this folder as the only private one: no kernel sees another's
   folders, not even those of its own executor's spare or previous kernels.
 - Ends the kernel with the gateway. A watcher process, forked here and so outside the sandbox,
@@ -118,12 +118,12 @@ def _end_with_gateway(lock_file: str) -> None:
 
 
 def _end_with_parent(parent: int) -> None:
-    """End this process when its parent (srt) ends."""
+    """End this process when its parent (srt) ends: at once on Linux, else within a second."""
     if sys.platform == "linux":
         import ctypes
 
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-        return
+        if ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) == 0:
+            return
     import threading
     import time
 
