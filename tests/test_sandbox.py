@@ -452,7 +452,8 @@ def connect(host):
 
 
 async def test_sandboxed_kernels_end_when_their_gateway_is_killed(workdir: Path) -> None:
-    """ipykernel's parent check cannot see the gateway from the sandbox: the gateway's lock does."""
+    """ipykernel's parent check cannot see the gateway from the sandbox: the watcher its launcher
+    leaves outside does (it waits on the gateway's lock)."""
     async with KernelGateway(port=None, sandbox=True) as gateway, KernelClient(port=gateway.port) as client:
         assert (await client.execute("print(1)")).text == "1"
         assert gateway._process is not None

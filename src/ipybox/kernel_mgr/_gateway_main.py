@@ -20,11 +20,15 @@ SIGKILL, and the gateway then stops as it does on SIGTERM, its kernels with it. 
 parent-death signal cannot do this, because Linux sends it when the thread that started the
 process ends, and applications start executors from worker threads.
 
-Sandboxed kernels, which cannot see this process, exit when the lock it holds on
-``IPYBOX_GATEWAY_LOCK`` is released. With resource limits in control groups (``IPYBOX_KERNEL_GROUPS``), a kernel's groups are
-also cleared as soon as its process has ended.
+With ``IPYBOX_GATEWAY_LOCK`` (sandboxed kernels), each kernel's connection file and ZMQ sockets
+go in a folder of that kernel's own, removed when the kernel ends, and this process holds a lock
+on that file for its whole life: the watcher each sandboxed kernel's launcher leaves outside the
+sandbox ends the kernel once the lock is released (see ``ipybox.kernel_mgr._kernel_launch``).
+With resource limits in control groups (``IPYBOX_KERNEL_GROUPS``), a kernel's groups are also
+cleared as soon as its process has ended.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -38,7 +42,7 @@ from jupyter_server.services.kernels.kernelmanager import MappingKernelManager  
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler  # noqa: E402
 from kernel_gateway.gatewayapp import launch_instance  # noqa: E402
 
-from ipybox.kernel_mgr import _limits  # noqa: E402
+from ipybox.kernel_mgr import _kernel_launch, _limits  # noqa: E402
 
 _open = KernelWebsocketHandler.open
 
@@ -61,14 +65,49 @@ def _watch_activity_lightly(self: MappingKernelManager, kernel_id: str) -> None:
 
 MappingKernelManager.start_watching_activity = _watch_activity_lightly  # type: ignore[method-assign]
 
-# Held until this process ends, however it ends: sandboxed kernels exit when it is released
-# (see ipybox.kernel_mgr._kernel_ext).
+# Held until this process ends, however it ends: sandboxed kernels end when it is released
+# (see ipybox.kernel_mgr._kernel_launch).
 _GATEWAY_LOCK = os.environ.get("IPYBOX_GATEWAY_LOCK")
 if _GATEWAY_LOCK:
     import fcntl
+    import shutil
+    import tempfile
 
+    from jupyter_client.multikernelmanager import MultiKernelManager
+
+    _RUNTIME = os.path.dirname(_GATEWAY_LOCK)
     _lock_fd = os.open(_GATEWAY_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     fcntl.flock(_lock_fd, fcntl.LOCK_EX)
+
+    _pre_start = MultiKernelManager.pre_start_kernel
+
+    def _pre_start_in_own_folder(
+        self: MultiKernelManager, kernel_name: str | None, kwargs: Any
+    ) -> tuple[Any, str, str]:
+        """Put the kernel's connection file and sockets in a new folder of its own: its sandbox
+        shows it that folder only, never another kernel's key or sockets."""
+        manager, name, kernel_id = _pre_start(self, kernel_name, kwargs)
+        # A short name: srt's sockets inside must fit a Unix socket's 107 bytes.
+        folder = tempfile.mkdtemp(prefix="k", dir=self.connection_dir)
+        manager.connection_file = os.path.join(folder, "kernel.json")
+        manager.ip = os.path.join(folder, "ipc")
+        return manager, name, kernel_id
+
+    MultiKernelManager.pre_start_kernel = _pre_start_in_own_folder  # type: ignore[method-assign]
+
+    _cleanup_folder = LocalProvisioner.cleanup
+
+    async def _cleanup_and_remove_folder(self: LocalProvisioner, restart: bool = False) -> None:
+        """Also remove the ended kernel's own folder (a restart keeps it)."""
+        await _cleanup_folder(self, restart)
+        connection_file = self.parent.connection_file if self.parent is not None else ""
+        folder = os.path.dirname(connection_file)
+        if not restart and connection_file and os.path.dirname(folder) == _RUNTIME:
+            shutil.rmtree(folder, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.remove(folder + _kernel_launch.SETTINGS_SUFFIX)
+
+    LocalProvisioner.cleanup = _cleanup_and_remove_folder  # type: ignore[method-assign]
 
 if os.environ.get("IPYBOX_EXIT_WITH_PARENT") == "1":
     import signal

@@ -19,10 +19,6 @@ the kernel's environment, which `CodeExecutor` fills:
   folder of its own, so that no trusted process has a kernel-writable working directory).
 - ``IPYBOX_WORKING_DIR=path``: the kernel starts there, and after every cell that left it the
   working directory is put back (with a note in the cell's output).
-- ``IPYBOX_EXIT_WITH_GATEWAY=path`` (sandboxed kernels): the kernel exits when the gateway that
-  started it is gone, seen as the release of the lock the gateway holds on that file for its
-  whole life. ipykernel's own parent check cannot work in the sandbox, where the gateway is
-  out of sight.
 
 Whatever the environment: the folder of the kernel's own Python goes first on ``PATH`` (with a
 ``pip`` that is uv's pip interface for it when it has no pip), so that ``!python``, ``!pip`` and
@@ -71,9 +67,6 @@ def load_ipython_extension(ip: Any) -> None:
     working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
     approve_shell = environ.pop("IPYBOX_APPROVE_SHELL", "") == "1"
     require_escape = environ.pop("IPYBOX_REQUIRE_SHELL_ESCAPE", "") == "1"
-    gateway_lock = environ.pop("IPYBOX_EXIT_WITH_GATEWAY", "")
-    if gateway_lock:
-        _exit_with_gateway(gateway_lock)
     if working_dir:
         _keep_working_dir(ip, working_dir)
     exec_wall = environ.pop("IPYBOX_EXEC_WALL", "") == "1"
@@ -215,22 +208,6 @@ def _flush_every(stream: Any) -> None:
         return len(text)
 
     stream.write = bounded_write
-
-
-def _exit_with_gateway(lock_file: str) -> None:
-    import fcntl
-    import threading
-
-    try:
-        fd = os.open(lock_file, os.O_RDONLY)
-    except OSError:
-        return
-
-    def watch() -> None:
-        fcntl.flock(fd, fcntl.LOCK_SH)  # granted once the gateway's exclusive lock is gone
-        os._exit(1)
-
-    threading.Thread(target=watch, name="ipybox-gateway-watch", daemon=True).start()
 
 
 _COLOUR_FORCING = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "TTY_COMPATIBLE")

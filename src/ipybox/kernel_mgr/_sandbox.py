@@ -1,9 +1,10 @@
 """Kernels inside Anthropic's sandbox-runtime (``srt``): finding it, its settings, the wrapped command.
 
 Only the kernel runs inside the sandbox; the gateway stays outside and launches each kernel
-through a kernel spec whose command is ``srt -s <settings> -c 'exec python -m ipykernel_launcher …'``.
-The gateway talks to the kernel over ZMQ ``ipc://`` sockets in a private runtime folder that is
-writable inside (srt removes the network namespace, so TCP ports opened inside are unreachable
+through a kernel spec whose command is a launcher (`ipybox.kernel_mgr._kernel_launch`) that
+becomes ``srt -s <settings> -c 'exec python -m ipykernel_launcher …'``. The gateway talks to the
+kernel over ZMQ ``ipc://`` sockets in a folder of that kernel's own, the only private folder its
+sandbox shows it (srt removes the network namespace, so TCP ports opened inside are unreachable
 from outside), and the kernel reaches the tool server through a Unix socket.
 
 Settings are srt's own format. The defaults allow no network at all, hide the home folder (but
@@ -15,7 +16,7 @@ replaces the defaults, but `sandbox_settings` always adds the rules the rest of 
 on: the protected names in the working directory, the credential files, the trusted registry,
 the kernel's Python and its tool socket.
 
-srt and the gateway run in a private folder, never in the working directory (`wrap`); the
+srt and the gateway run in a private folder, never in the working directory (`_kernel_launch.wrap`); the
 protected names missing in the working directory are held by stand-ins that ipybox makes and
 removes, however the application ends (`make_placeholders`).
 """
@@ -28,7 +29,6 @@ import fcntl
 import functools
 import json
 import os
-import shlex
 import shutil
 import stat
 import subprocess
@@ -477,23 +477,6 @@ def nested_protected(working_dir: Path, depth: int = 3) -> list[Path]:
                     deeper.append(Path(entry.path))
         folders = deeper
     return found
-
-
-def wrap(srt: str, settings_file: Path, argv: list[str], tmp_dir: Path, working_dir: Path) -> list[str]:
-    """The command that runs `argv` inside srt under `settings_file`, in `working_dir`, with
-    `tmp_dir` as ``TMPDIR``.
-
-    srt itself starts in a private folder (the gateway's), never in the working directory: it
-    reads its working directory to choose what to protect and runs ``rg`` there. The kernel
-    changes to `working_dir` inside the sandbox. srt joins its arguments into one shell command
-    without quoting them, so `argv` is quoted here and given as ``-c``; ``exec`` leaves no shell
-    between srt and the kernel. srt points ``TMPDIR`` at a folder of its own, which need not
-    exist: it is set again for the kernel.
-    """
-    command = (
-        f"cd {shlex.quote(str(working_dir))} && TMPDIR={shlex.quote(str(tmp_dir))} exec {shlex.join(argv)}"
-    )
-    return [srt, "--settings", str(settings_file), "-c", command]
 
 
 _JOURNAL = "placeholders.json"

@@ -20,7 +20,7 @@ import httpx
 import psutil
 
 from ipybox.errors import GatewayError, SandboxUnavailableError
-from ipybox.kernel_mgr import _exec_wall, _limits, _sandbox
+from ipybox.kernel_mgr import _exec_wall, _kernel_launch, _limits, _sandbox
 from ipybox.tool_exec._registry import default_registry_path
 from ipybox.tool_exec._shell import ShellRunner
 
@@ -331,7 +331,7 @@ class KernelGateway:
             # Agents read all output; the notebook's output throttling would drop some.
             "--ZMQChannelsWebsocketConnection.limit_rate=False",
             # A sandboxed kernel has no network namespace of its own to share: Unix sockets in
-            # the private runtime folder, which is bound into the sandbox, reach it.
+            # its own folder, the one private folder bound into its sandbox, reach it.
             *(["--KernelManager.transport=ipc"] if self.sandbox else []),
         ]
 
@@ -373,8 +373,8 @@ class KernelGateway:
         # The gateway does not run in the working directory (see _start): the kernel changes to it.
         kernel_env["IPYBOX_START_DIR"] = str(self.working_dir)
         if self.sandbox:
-            # srt (run by the gateway) and the kernel keep their temporary files, srt's proxy
-            # sockets among them, in the private folder that goes away with the gateway.
+            # srt and the kernel keep their temporary files, srt's proxy sockets among them, in a
+            # private folder that goes away with the gateway (each kernel in one of its own).
             kernel_env["TMPDIR"] = str(self._jupyter_dir / "tmp")
             kernel_env.setdefault("MPLCONFIGDIR", str(self._jupyter_dir / "tmp" / "matplotlib"))
             # Caches (fontconfig's among them) would go to the home folder, which is hidden.
@@ -384,8 +384,7 @@ class KernelGateway:
             kernel_env["IPYTHONDIR"] = str(self._jupyter_dir / "tmp" / "ipython")
             kernel_env["JUPYTER_CONFIG_DIR"] = str(self._jupyter_dir / "tmp" / "jupyter-config")
             kernel_env["JUPYTER_DATA_DIR"] = str(self._jupyter_dir / "tmp" / "jupyter-data")
-            # Sandboxed kernels cannot see the gateway: they watch the lock it holds (_gateway_main).
-            kernel_env["IPYBOX_EXIT_WITH_GATEWAY"] = str(self._jupyter_dir / "runtime" / "gateway.lock")
+            # Each kernel gets these in a temporary folder of its own instead (_kernel_launch).
         env.update(kernel_env)
         # The gateway hands a kernel PATH plus the variables whitelisted here when the
         # create request carries an "env" object (KernelClient always sends one).
@@ -424,17 +423,22 @@ class KernelGateway:
         }
         if self.sandbox:
             # In its own PID namespace the kernel's parent is PID 1, which ipykernel's parent
-            # poller takes for "the parent exited"; bwrap ends the kernel with srt instead.
+            # poller takes for "the parent exited"; its launcher ends it with the gateway instead.
             argv = self._sandboxed(jupyter_dir, [*argv, "--IPKernelApp.parent_handle=0"])
             # bwrap forwards no signals to the kernel: interrupt it with a control message.
             spec["interrupt_mode"] = "message"
-        spec["argv"] = self._limits.launcher(argv)
+        # A sandboxed kernel's launcher applies the limits itself, after forking its watcher.
+        spec["argv"] = argv if self.sandbox else self._limits.launcher(argv)
         (spec_dir / "kernel.json").write_text(json.dumps(spec))
 
     def _sandboxed(self, jupyter_dir: Path, argv: list[str]) -> list[str]:
-        private = [jupyter_dir / "runtime", jupyter_dir / "tmp"]
-        for path in private:
+        runtime, tmp = jupyter_dir / "runtime", jupyter_dir / "tmp"
+        for path in (runtime, tmp):
             path.mkdir()
+        # The settings written here are those of the shell sandbox (`shell_runner`) and of the start
+        # check, whose private folder is `tmp`; each kernel runs under a copy whose private folder is
+        # its own, in `runtime` (_kernel_launch).
+        private = [tmp]
         registry_dir = default_registry_path().parent
         # A folder that does not exist cannot be protected: srt skips it, and the kernel could create it.
         registry_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -470,13 +474,33 @@ class KernelGateway:
         )
         settings_file.write_text(json.dumps(settings, indent=2))
         filesystem = settings["filesystem"]
-        self.kernel_writable = tuple(
-            self.working_dir / Path(path).expanduser() for path in filesystem["allowWrite"]
+        self.kernel_writable = (
+            *(self.working_dir / Path(path).expanduser() for path in filesystem["allowWrite"]),
+            runtime,
         )
         self.kernel_readonly = tuple(
             self.working_dir / Path(path).expanduser() for path in filesystem["denyWrite"]
         )
-        return _sandbox.wrap(self._srt, settings_file, argv, jupyter_dir / "tmp", self.working_dir)
+        launch = {
+            "srt": self._srt,
+            "settings": str(settings_file),
+            "runtime": str(runtime),
+            "tmp": str(tmp),
+            "lock": str(runtime / "gateway.lock"),
+            "working_dir": str(self.working_dir),
+            "prefix": self._limits.launcher([]),
+        }
+        launcher = Path(_kernel_launch.__file__).resolve()
+        return [
+            sys.executable,
+            "-I",
+            "-S",
+            str(launcher),
+            json.dumps(launch),
+            "{connection_file}",
+            "--",
+            *argv,
+        ]
 
     async def _read_output(self, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None

@@ -1,0 +1,132 @@
+"""Sandboxed kernels attacked from real kernel code: one kernel of an executor against its spare and
+later kernels (private folders), and a kernel that tries to outlive its gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ipybox import CodeExecutor
+from ipybox.kernel_mgr.client import KernelClient
+from ipybox.kernel_mgr.server import KernelGateway
+from tests.sandbox_support import require_sandbox
+
+# Kernel code: find every other kernel's connection file in sight and run code in that kernel;
+# plant an IPython startup file and a file in the temporary folder for kernels still to come.
+# Prints the connection files found and what each connection did.
+TAKE_OVER = """
+import glob, json, os, tempfile
+from IPython.paths import get_ipython_dir
+from ipykernel.connect import get_connection_file
+from jupyter_client import BlockingKernelClient
+
+own = os.path.realpath(get_connection_file())
+roots = {os.path.dirname(own), os.path.dirname(os.path.dirname(own)), tempfile.gettempdir()}
+found = {}
+for root in roots:
+    for path in glob.glob(os.path.join(root, "**", "*.json"), recursive=True):
+        path = os.path.realpath(path)
+        if path == own or path in found:
+            continue
+        try:
+            info = json.load(open(path))
+        except (OSError, ValueError):
+            continue
+        if not isinstance(info, dict) or "key" not in info:
+            continue
+        client = BlockingKernelClient(connection_file=path)
+        try:
+            client.load_connection_file()
+            client.start_channels()
+            reply = client.execute_interactive("planted = 'by the previous kernel'", timeout=20)
+            found[path] = reply["content"]["status"]
+        except Exception as exc:
+            found[path] = repr(exc)
+        finally:
+            client.stop_channels()
+startup = os.path.join(get_ipython_dir(), "profile_default", "startup")
+os.makedirs(startup, exist_ok=True)
+open(os.path.join(startup, "00-planted.py"), "w").write("planted_at_start = True\\n")
+open(os.path.join(tempfile.gettempdir(), "planted.txt"), "w").write("x")
+print(json.dumps(found))
+"""
+
+# Kernel code: what the attack left in this kernel.
+TRACES = """
+import os, tempfile
+print(json.dumps({
+    "variable": "planted" in globals(),
+    "startup": "planted_at_start" in globals(),
+    "tmp": os.path.exists(os.path.join(tempfile.gettempdir(), "planted.txt")),
+}))
+"""
+
+# Kernel code: try everything that could keep this kernel alive without its gateway, and leave a
+# detached process of its own behind.
+OUTLIVE = """
+import os, signal, subprocess, time
+os._exit = lambda *args: None
+for name in ("SIGTERM", "SIGHUP", "SIGINT", "SIGQUIT", "SIGPIPE", "SIGUSR1", "SIGUSR2"):
+    signal.signal(getattr(signal, name), signal.SIG_IGN)
+signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.Signals) - {signal.SIGKILL, signal.SIGSTOP})
+detached = subprocess.Popen(
+    ["sleep", "100001"], start_new_session=True, stdin=subprocess.DEVNULL,
+    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+)
+# vfork returns before exec has set the new command line: wait until it shows.
+deadline = time.monotonic() + 30
+while not open(f"/proc/{detached.pid}/cmdline").read() and time.monotonic() < deadline:
+    time.sleep(0.001)
+print(open(f"/proc/{detached.pid}/cmdline").read().split("\\0"))
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    require_sandbox()
+    path = tmp_path / "project"
+    path.mkdir()
+    return path
+
+
+async def test_a_kernel_cannot_reach_its_spare_nor_plant_anything_for_kernels_after_a_reset(
+    project: Path,
+) -> None:
+    async with CodeExecutor(sandbox=True, working_dir=project) as executor:
+        await executor.execute("import json")
+        # The spare kernel starts after the first execution: let it come up before the attack.
+        kernel = executor._kernel
+        assert kernel is not None and kernel._spare is not None
+        await kernel._spare
+        found = json.loads(str((await executor.execute(TAKE_OVER, timeout=120)).text))
+        assert found == {}, f"another kernel's connection file was in sight: {found}"
+        # The first reset swaps in the spare (started before the attack), the second a kernel
+        # started after it: neither shows a trace.
+        for _ in range(2):
+            await executor.reset()
+            traces = json.loads(str((await executor.execute("import json\n" + TRACES)).text))
+            assert traces == {"variable": False, "startup": False, "tmp": False}
+
+
+async def test_a_sandboxed_kernel_that_defends_itself_ends_with_its_killed_gateway(project: Path) -> None:
+    async with (
+        KernelGateway(port=None, sandbox=True, working_dir=project) as gateway,
+        KernelClient(port=gateway.port) as client,
+    ):
+        assert (await client.execute(OUTLIVE)).text == "['sleep', '100001', '']"
+        assert gateway._process is not None
+        process = psutil.Process(gateway._process.pid)
+        descendants = process.children(recursive=True)
+        names = [" ".join(proc.cmdline()) for proc in descendants]
+        listing = "\n".join(name[:100] for name in names)
+        assert any("ipykernel_launcher" in name for name in names), listing
+        assert "sleep 100001" in names, listing
+        process.kill()
+        _, alive = await asyncio.to_thread(psutil.wait_procs, descendants, timeout=60)
+        for proc in alive:
+            proc.kill()
+        assert alive == [], f"still running after the gateway was killed: {alive}"
