@@ -526,6 +526,7 @@ async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
 
 
 async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(executor: CodeExecutor) -> None:
+    # Private: the executor does not expose its gateway's process, whose tree is what is checked.
     assert executor._gateway is not None and executor._gateway._process is not None
     fixture_gateway = psutil.Process(executor._gateway._process.pid)
 
@@ -570,6 +571,7 @@ async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> Non
 async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExecutor) -> None:
     import httpx
 
+    # Private: the gateway's port is not public; the attack needs it to talk to the gateway directly.
     assert executor._kernel is not None
     async with httpx.AsyncClient() as http:
         response = await http.post(f"http://localhost:{executor._kernel.port}/api/kernels", json={})
@@ -584,6 +586,7 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
 
 
 async def test_closing_a_stream_early_rejects_the_call_waiting_for_approval(executor: CodeExecutor) -> None:
+    # Private: whether the tool server still holds the request is visible nowhere else.
     assert executor._tool_server is not None
     channel = executor._tool_server._channel
     code = "from mcptools.demo import echo\necho.run(echo.Params(text='abandoned'))"
@@ -617,6 +620,7 @@ def kill_tree(process: psutil.Process) -> None:
 async def test_a_gateway_that_died_neither_hides_the_callers_error_nor_half_resets(workdir: Path) -> None:
     before = {p.pid for p in gateway_processes()}
     async with CodeExecutor() as ex:
+        # Private: the tool server's running sessions show whether its reset ran to its end.
         assert ex._tool_server is not None
         await ex.execute("from mcptools.demo import pid\npid.run(pid.Params())")
         assert ex._tool_server._sessions  # a running MCP server, for reset() to stop

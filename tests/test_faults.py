@@ -89,7 +89,8 @@ async def executor(workdir: Path, http_demo: HttpDemo) -> AsyncIterator[CodeExec
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
     await generate_mcp_sources("web", {"url": url}, workdir / "mcptools")
     # A server that starts but never says a word: it is registered by the application (the
-    # registry is trusted) and its module is the demo's, so the kernel can call it.
+    # registry is trusted) and its module is the demo's, so the kernel can call it. Private
+    # ServerRegistry: the public way (generate_mcp_sources) needs a server that answers.
     await generate_mcp_sources("mute", DEMO, workdir / "mcptools")
     ServerRegistry().register(
         "mute",

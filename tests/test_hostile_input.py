@@ -285,7 +285,7 @@ async def test_calls_over_the_inflight_limit_wait_or_fail_alone_and_one_call_alw
         assert "max_inflight_size" in str(info.value)
         await waiting.accept()
         assert await held == "c" * (MiB - 4096)
-        assert server._inflight.held == 0
+        assert server._inflight.held == 0  # private: the only view of the in-flight budget's release
 
         next_call = asyncio.create_task(runner.run_content("blob", {"size": 100_000}))
         await (await asyncio.wait_for(requests.get(), 30)).accept()
@@ -339,7 +339,7 @@ async def test_the_approval_channel_recovers_when_it_drops(approval_server: Tool
     async with ApprovalClient(accept, port=approval_server.port):
         runner = ToolRunner("demo", DEMO, port=approval_server.port)
         assert await runner.run("echo", {"text": "one"}) == "one"
-        await approval_server._channel.disconnect()  # the connection drops
+        await approval_server._channel.disconnect()  # the connection drops (private: no public way)
         assert await wait_until(lambda: approval_server._channel.open, timeout=30)
         assert await runner.run("echo", {"text": "two"}) == "two"
 

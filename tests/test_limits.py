@@ -77,6 +77,7 @@ async def executor(
 
 
 def how(ex: CodeExecutor) -> str:
+    """Which mechanism holds the limits (private: not exposed, but the assertions depend on it)."""
     assert ex._gateway is not None
     return ex._gateway._limits.how
 
@@ -130,7 +131,7 @@ async def test_stop_removes_the_control_groups() -> None:
         await gateway.start()
     except GatewayError as exc:
         pytest.skip(f"the limits cannot be enforced here: {exc}")
-    groups = [Path(group) for group in gateway._limits.groups]
+    groups = [Path(group) for group in gateway._limits.groups]  # private: the groups are not exposed
     assert all(group.is_dir() for group in groups)
     await gateway.stop()
     assert not any(group.exists() for group in groups)

@@ -33,7 +33,7 @@ async def test_stop_ends_the_gateway_and_all_its_kernels() -> None:
     await gateway.start()
     async with KernelClient(port=gateway.port) as client:
         await client.execute("x = 1")
-        assert gateway._process is not None
+        assert gateway._process is not None  # private: the gateway's pid is not exposed
         tree = psutil.Process(gateway._process.pid).children(recursive=True)
         tree.append(psutil.Process(gateway._process.pid))
         assert len(tree) >= 2  # the gateway and at least one kernel
@@ -85,6 +85,7 @@ def test_the_gateway_process_gets_only_allow_listed_variables(
     monkeypatch.setenv("IPYBOX_T_APP_SECRET", "never-in-the-gateway")
     monkeypatch.setenv("HOME", "/home/someone")
     gateway = KernelGateway(port=None, env={"FOR_KERNELS": "yes"}, auth_token="gateway-token")
+    # Private: the environment the gateway process gets is observable only before it starts.
     gateway._jupyter_dir = tmp_path
     env = gateway._gateway_env()
     assert "IPYBOX_T_APP_SECRET" not in env
