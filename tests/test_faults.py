@@ -32,7 +32,7 @@ from ipybox.tool_exec._registry import ServerRegistry
 from tests.conftest import DEMO_SERVER
 from tests.sandbox_support import require_sandbox
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}

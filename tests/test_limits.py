@@ -19,7 +19,7 @@ from ipybox.kernel_mgr import _limits
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.sandbox_support import require_sandbox
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
 LAUNCHER = str(Path(_limits.__file__).resolve())
 MEMORY = 400 * 2**20

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[1]
 MARKETPLACE = ROOT / ".claude-plugin" / "marketplace.json"
 LAUNCHER = ROOT / "plugins" / "ipybox-mcp.sh"

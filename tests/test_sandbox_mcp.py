@@ -11,7 +11,7 @@ from ipybox import CodeExecutionError, CodeExecutor, generate_mcp_sources
 from ipybox.kernel_mgr import _sandbox
 from tests.sandbox_support import require_sandbox
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 
 @pytest.mark.timeout(300)

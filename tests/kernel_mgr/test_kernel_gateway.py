@@ -18,6 +18,7 @@ async def test_gateway_picks_a_free_port_and_answers() -> None:
         assert response.status_code == 200
 
 
+@pytest.mark.slow
 async def test_kernels_do_not_inherit_the_application_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IPYBOX_PARENT_SECRET", "do-not-leak")
     async with KernelGateway(port=None, env={"ONLY_THIS": "yes"}) as gateway:
@@ -28,6 +29,7 @@ async def test_kernels_do_not_inherit_the_application_environment(monkeypatch: p
     assert result.text == "None yes"
 
 
+@pytest.mark.slow
 async def test_stop_ends_the_gateway_and_all_its_kernels() -> None:
     gateway = KernelGateway(port=None)
     await gateway.start()
@@ -42,6 +44,7 @@ async def test_stop_ends_the_gateway_and_all_its_kernels() -> None:
     await gateway.stop()  # idempotent
 
 
+@pytest.mark.slow
 async def test_a_port_in_use_fails_with_the_gateway_output() -> None:
     with socket.socket() as blocker:
         blocker.bind(("localhost", 0))
@@ -61,6 +64,7 @@ async def test_starting_twice_raises() -> None:
             await gateway.start()
 
 
+@pytest.mark.slow
 async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

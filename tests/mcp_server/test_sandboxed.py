@@ -14,6 +14,8 @@ from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
 from tests.sandbox_support import require_sandbox
 
+pytestmark = pytest.mark.slow
+
 ATTEMPT = (
     "def attempt(action):\n"
     "    try:\n"

@@ -129,6 +129,7 @@ async def test_kernel_env_reaches_the_kernel_and_nothing_else_does(client: Clien
     assert lines[2] == f"True {workspace}"
 
 
+@pytest.mark.slow
 async def test_progress_notifications_carry_the_latest_output_line(client: Client, workspace: Path) -> None:
     messages: list[str | None] = []
     seen = workspace / "progress-seen"
@@ -217,6 +218,7 @@ async def test_files_go_in_and_out_and_escapes_are_refused(
     assert not (workspace / "big.bin").exists()
 
 
+@pytest.mark.slow
 async def test_registered_servers_are_called_from_code(client: Client, workspace: Path) -> None:
     demo = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
     registered = await client.call_tool("register_mcp_server", {"server_name": "demo", "server_params": demo})

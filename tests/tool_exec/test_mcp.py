@@ -189,6 +189,7 @@ async def test_a_crash_fails_the_call_in_flight_clearly_and_ends_the_session(
         await session.close()
 
 
+@pytest.mark.slow
 async def test_close_stops_the_server_with_its_whole_process_tree(tmp_path: Path) -> None:
     # The server leaves a background child behind in its process group, as wrappers often do.
     script = tmp_path / "wrapper.sh"
