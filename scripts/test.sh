@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Runs every check CI runs: formatting, lint, types, the API reference's strict build, then
 # the test suite.
+# Usage: bash scripts/test.sh [--quick] [PYTEST_ARGS...]
+#   --quick  for development: the same checks, but the tests marked `slow` are left out
+#            (and so is the soak); CI and the README's test command run everything.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=""
+if [ "${1:-}" = "--quick" ]; then
+    quick=1
+    shift
+fi
 bash scripts/setup.sh
 source scripts/_uv.sh
 
@@ -10,6 +18,10 @@ uv run --frozen ruff format --check src tests benchmarks examples
 uv run --frozen ruff check src tests benchmarks examples
 uv run --frozen mypy
 bash scripts/docs.sh
+if [ -n "$quick" ]; then
+    uv run --frozen pytest -m "not slow" "$@"
+    exit
+fi
 uv run --frozen pytest "$@"
 # The short soak (about 2 minutes) runs with the full suite, not with a chosen subset.
 if [ "$#" -eq 0 ]; then

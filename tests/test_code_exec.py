@@ -39,7 +39,10 @@ def state_dir(workdir: Path) -> Path:
 
 
 @pytest_asyncio.fixture(
-    scope="module", loop_scope="module", params=[False, True], ids=["unsandboxed", "sandboxed"]
+    scope="module",
+    loop_scope="module",
+    params=[False, pytest.param(True, marks=pytest.mark.slow)],  # a sandboxed start is slow
+    ids=["unsandboxed", "sandboxed"],
 )
 async def executor(workdir: Path, request: pytest.FixtureRequest) -> AsyncIterator[CodeExecutor]:
     """Every test that takes it runs twice: with the kernel as the application's user, and in srt."""
@@ -68,6 +71,7 @@ async def test_execute_returns_output_and_state_persists(executor: CodeExecutor)
     assert result == CodeExecutionResult(text="42", images=[])
 
 
+@pytest.mark.slow
 async def test_tool_calls_surface_as_approval_requests_and_return_typed_results(
     executor: CodeExecutor,
 ) -> None:
@@ -351,6 +355,7 @@ async def test_a_second_stream_waits_for_the_first(executor: CodeExecutor) -> No
     assert [r.text for r in await asyncio.gather(first, second)] == ["first", "second"]
 
 
+@pytest.mark.slow
 async def test_reset_clears_state_and_restarts_mcp_servers(executor: CodeExecutor) -> None:
     code = "from mcptools.demo import pid\nprint(pid.run(pid.Params()))"
     before = (await executor.execute(code)).text
@@ -425,6 +430,7 @@ print(await attempt())
     ).text == "ok"
 
 
+@pytest.mark.slow
 async def test_secrets_in_server_params_never_reach_the_kernel(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -455,6 +461,7 @@ print("DEMO_SECRET" in os.environ)
             assert secret not in path.read_text()
 
 
+@pytest.mark.slow
 async def test_dotenv_of_the_working_directory_is_loaded_on_start(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -471,6 +478,7 @@ async def test_dotenv_of_the_working_directory_is_loaded_on_start(
         os.environ.pop("DOTENV_ONLY_VALUE", None)
 
 
+@pytest.mark.slow
 async def test_an_unanswered_approval_expires(workdir: Path) -> None:
     async with CodeExecutor(approval_timeout=0.5) as ex:
         code = "from mcptools.demo import echo\necho.run(echo.Params(text='x'))"
@@ -478,6 +486,7 @@ async def test_an_unanswered_approval_expires(workdir: Path) -> None:
             await collect(ex, code, decide=None)
 
 
+@pytest.mark.slow
 async def test_executors_are_independent(workdir: Path) -> None:
     async with CodeExecutor() as one, CodeExecutor() as two:
         await asyncio.gather(one.execute("who = 'one'"), two.execute("who = 'two'"))
@@ -487,6 +496,7 @@ async def test_executors_are_independent(workdir: Path) -> None:
         assert (await two.execute("print(who)")).text == "two"
 
 
+@pytest.mark.slow
 async def test_eight_executors_started_at_once_each_get_their_own_ports(workdir: Path) -> None:
     executors = [CodeExecutor() for _ in range(8)]
     try:
@@ -497,6 +507,7 @@ async def test_eight_executors_started_at_once_each_get_their_own_ports(workdir:
         await asyncio.gather(*(ex.stop() for ex in executors))
 
 
+@pytest.mark.slow
 async def test_code_generated_in_another_process_works_without_configuration(workdir: Path) -> None:
     script = (
         "import asyncio, sys\nfrom pathlib import Path\nfrom ipybox import generate_mcp_sources\n"
@@ -509,6 +520,7 @@ async def test_code_generated_in_another_process_works_without_configuration(wor
         assert (await ex.execute(code)).text == "2"
 
 
+@pytest.mark.slow
 async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
     import socket
 
@@ -525,7 +537,9 @@ async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
         await ex.execute("1")
 
 
+@pytest.mark.slow
 async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(executor: CodeExecutor) -> None:
+    # Private: the executor does not expose its gateway's process, whose tree is what is checked.
     assert executor._gateway is not None and executor._gateway._process is not None
     fixture_gateway = psutil.Process(executor._gateway._process.pid)
 
@@ -549,6 +563,7 @@ async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(execu
     assert running() <= before
 
 
+@pytest.mark.slow
 async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> None:
     env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state")}
     process = await asyncio.create_subprocess_exec(
@@ -570,6 +585,7 @@ async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> Non
 async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExecutor) -> None:
     import httpx
 
+    # Private: the gateway's port is not public; the attack needs it to talk to the gateway directly.
     assert executor._kernel is not None
     async with httpx.AsyncClient() as http:
         response = await http.post(f"http://localhost:{executor._kernel.port}/api/kernels", json={})
@@ -584,6 +600,7 @@ async def wait_for(predicate: Callable[[], bool], timeout: float = 20) -> None:
 
 
 async def test_closing_a_stream_early_rejects_the_call_waiting_for_approval(executor: CodeExecutor) -> None:
+    # Private: whether the tool server still holds the request is visible nowhere else.
     assert executor._tool_server is not None
     channel = executor._tool_server._channel
     code = "from mcptools.demo import echo\necho.run(echo.Params(text='abandoned'))"
@@ -614,9 +631,11 @@ def kill_tree(process: psutil.Process) -> None:
             p.kill()
 
 
+@pytest.mark.slow
 async def test_a_gateway_that_died_neither_hides_the_callers_error_nor_half_resets(workdir: Path) -> None:
     before = {p.pid for p in gateway_processes()}
     async with CodeExecutor() as ex:
+        # Private: the tool server's running sessions show whether its reset ran to its end.
         assert ex._tool_server is not None
         await ex.execute("from mcptools.demo import pid\npid.run(pid.Params())")
         assert ex._tool_server._sessions  # a running MCP server, for reset() to stop

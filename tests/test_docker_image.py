@@ -34,6 +34,7 @@ UID = int(os.environ.get("IPYBOX_DOCKER_UID", "1000"))
 GID = int(os.environ.get("IPYBOX_DOCKER_GID", "1000"))
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(not IMAGE, reason="needs a built image: run `bash scripts/test-docker.sh`"),
     pytest.mark.timeout(600),
 ]

@@ -263,7 +263,7 @@ async def test_an_interrupted_command_is_killed_with_its_sandbox(walled: CodeExe
 
 
 async def test_a_command_that_writes_too_much_is_stopped(walled: CodeExecutor) -> None:
-    tool_server = walled._tool_server
+    tool_server = walled._tool_server  # private: the executor does not expose its shell runner
     assert tool_server is not None and tool_server.shell_runner is not None
     runner = tool_server.shell_runner
     tool_server.shell_runner = dataclasses.replace(runner, max_output=1000)

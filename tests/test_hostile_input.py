@@ -177,6 +177,7 @@ print("after")
 
 
 @pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.slow
 async def test_a_kernel_printing_far_more_than_is_kept_does_not_grow_the_application(
     executor: CodeExecutor,
 ) -> None:
@@ -193,6 +194,7 @@ async def test_a_kernel_printing_far_more_than_is_kept_does_not_grow_the_applica
 
 
 @pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.slow
 async def test_one_print_of_hundreds_of_megabytes_keeps_the_kernel_and_the_application_bounded(
     executor: CodeExecutor,
 ) -> None:
@@ -206,6 +208,7 @@ async def test_one_print_of_hundreds_of_megabytes_keeps_the_kernel_and_the_appli
 
 
 @pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.slow
 async def test_one_output_message_of_hundreds_of_megabytes_is_refused_unread(executor: CodeExecutor) -> None:
     # Kernel code that undoes the pieces sends one message, which the application must not read whole.
     with PeakRss() as rss:
@@ -220,6 +223,7 @@ async def test_one_output_message_of_hundreds_of_megabytes_is_refused_unread(exe
 
 
 @pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.slow
 async def test_many_large_tool_calls_at_once_hold_a_bounded_total_in_the_application(
     executor: CodeExecutor,
 ) -> None:
@@ -250,6 +254,7 @@ async def test_many_large_tool_calls_at_once_hold_a_bounded_total_in_the_applica
     assert (await executor.execute("print(len(echo.run(echo.Params(text='hi'))))")).text == "2"
 
 
+@pytest.mark.slow
 async def test_calls_over_the_inflight_limit_wait_or_fail_alone_and_one_call_always_fits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -285,7 +290,7 @@ async def test_calls_over_the_inflight_limit_wait_or_fail_alone_and_one_call_alw
         assert "max_inflight_size" in str(info.value)
         await waiting.accept()
         assert await held == "c" * (MiB - 4096)
-        assert server._inflight.held == 0
+        assert server._inflight.held == 0  # private: the only view of the in-flight budget's release
 
         next_call = asyncio.create_task(runner.run_content("blob", {"size": 100_000}))
         await (await asyncio.wait_for(requests.get(), 30)).accept()
@@ -301,6 +306,7 @@ async def approval_server() -> AsyncIterator[ToolServer]:
         yield server
 
 
+@pytest.mark.slow
 async def test_a_second_decision_and_a_decision_after_expiry_raise(approval_server: ToolServer) -> None:
     requests: asyncio.Queue[ApprovalRequest] = asyncio.Queue()
 
@@ -339,7 +345,7 @@ async def test_the_approval_channel_recovers_when_it_drops(approval_server: Tool
     async with ApprovalClient(accept, port=approval_server.port):
         runner = ToolRunner("demo", DEMO, port=approval_server.port)
         assert await runner.run("echo", {"text": "one"}) == "one"
-        await approval_server._channel.disconnect()  # the connection drops
+        await approval_server._channel.disconnect()  # the connection drops (private: no public way)
         assert await wait_until(lambda: approval_server._channel.open, timeout=30)
         assert await runner.run("echo", {"text": "two"}) == "two"
 
@@ -518,6 +524,7 @@ async def test_a_huge_answer_over_stdio_is_refused_while_it_is_read() -> None:
         assert await runner.run("echo", {"text": "next"}) == "next"
 
 
+@pytest.mark.slow
 async def test_an_answer_that_trickles_forever_is_abandoned(
     hostile_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

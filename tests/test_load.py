@@ -15,7 +15,7 @@ from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, generate_
 from tests.conftest import DEMO_SERVER
 
 # Load tests run long on a busy machine: their own bounds (asyncio timeouts) apply, not the default.
-pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(900), pytest.mark.slow]
 
 DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 EXECUTORS = 8

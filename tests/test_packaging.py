@@ -18,6 +18,8 @@ from mcp.client.stdio import StdioServerParameters
 
 from tests.mcp_server.support import connected, run, server_env, text_of
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[1]
 
 

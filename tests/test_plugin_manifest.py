@@ -15,6 +15,8 @@ from typing import Any
 import mcp_types as types
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[1]
 MARKETPLACE = ROOT / ".claude-plugin" / "marketplace.json"
 LAUNCHER = ROOT / "plugins" / "codeact" / "ipybox-mcp.sh"

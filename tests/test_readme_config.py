@@ -17,6 +17,8 @@ from mcp.client.stdio import StdioServerParameters
 
 from tests.mcp_server.support import connected, run, server_env, text_of
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[1]
 README = (ROOT / "README.md").read_text()
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.197"

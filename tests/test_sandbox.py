@@ -31,7 +31,7 @@ from tests.conftest import DEMO_SERVER
 from tests.sandbox_support import require_sandbox
 from tests.servers.demo_server import png_bytes
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}

@@ -15,6 +15,8 @@ from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.sandbox_support import require_sandbox
 
+pytestmark = pytest.mark.slow
+
 # Kernel code: find every other kernel's connection file in sight and run code in that kernel;
 # plant an IPython startup file and a file in the temporary folder for kernels still to come.
 # Prints the connection files found and what each connection did.

@@ -22,6 +22,8 @@ from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.sandbox_support import require_sandbox
 
+pytestmark = pytest.mark.slow
+
 _TIMEOUT = 60
 # What git, editors, agents, shells and ipybox itself read from a project.
 PROTECTED = {

@@ -12,7 +12,7 @@ from ipybox.kernel_mgr import _sandbox
 from tests.net_support import host_of, npm_registry_url
 from tests.sandbox_support import require_sandbox
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 
 @pytest.mark.timeout(300)

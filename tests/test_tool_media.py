@@ -129,6 +129,7 @@ display(image.run_content(image.Params()).images[0])
     assert result.images[0].read_bytes() == png_bytes()
 
 
+@pytest.mark.slow
 async def test_a_result_over_the_size_limit_fails_that_call_and_the_executor_keeps_working(
     executor: CodeExecutor,
 ) -> None:
@@ -164,6 +165,7 @@ async def test_a_tool_servers_own_limit_fails_a_larger_result_over_stdio_and_the
         assert await runner.run("echo", {"text": "small"}) == "small"
 
 
+@pytest.mark.slow
 async def test_an_executors_own_limit_fails_a_larger_result_and_the_next_call_works(workdir: Path) -> None:
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
     async with CodeExecutor(

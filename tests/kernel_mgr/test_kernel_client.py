@@ -118,6 +118,7 @@ async def test_kernel_sees_only_path_and_the_gateway_env(client: KernelClient) -
     assert result.text == "test-value True False"
 
 
+@pytest.mark.slow
 async def test_reset_gives_a_fresh_kernel(gateway: KernelGateway) -> None:
     async with KernelClient(port=gateway.port) as client:
         await client.execute("before_reset = 1")
@@ -130,6 +131,7 @@ async def test_reset_gives_a_fresh_kernel(gateway: KernelGateway) -> None:
         assert (await client.execute("print('second reset')")).text == "second reset"
 
 
+@pytest.mark.slow
 async def test_a_dead_kernel_is_reported_and_reset_recovers(gateway: KernelGateway) -> None:
     async with KernelClient(port=gateway.port) as client:
         with pytest.raises(KernelDiedError, match="reset"):
@@ -164,6 +166,7 @@ async def test_an_abandoned_stream_does_not_hold_up_the_next_execution(client: K
     await abandoned.aclose()
 
 
+@pytest.mark.slow
 async def test_a_gateway_that_is_gone_is_a_kernel_connection_error_not_an_http_error() -> None:
     async with KernelGateway(port=None) as gateway:
         kernel = KernelClient(port=gateway.port)

@@ -118,6 +118,7 @@ async def test_a_rejected_shell_command_does_not_run_and_the_cell_says_so(
 
 
 @pytest.mark.parametrize("form", SHELL_FORMS)
+@pytest.mark.slow
 async def test_a_shell_command_without_a_decision_expires_and_does_not_run(
     guarded: CodeExecutor, workdir: Path, form: str
 ) -> None:

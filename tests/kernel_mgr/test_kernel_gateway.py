@@ -18,6 +18,7 @@ async def test_gateway_picks_a_free_port_and_answers() -> None:
         assert response.status_code == 200
 
 
+@pytest.mark.slow
 async def test_kernels_do_not_inherit_the_application_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IPYBOX_PARENT_SECRET", "do-not-leak")
     async with KernelGateway(port=None, env={"ONLY_THIS": "yes"}) as gateway:
@@ -28,12 +29,13 @@ async def test_kernels_do_not_inherit_the_application_environment(monkeypatch: p
     assert result.text == "None yes"
 
 
+@pytest.mark.slow
 async def test_stop_ends_the_gateway_and_all_its_kernels() -> None:
     gateway = KernelGateway(port=None)
     await gateway.start()
     async with KernelClient(port=gateway.port) as client:
         await client.execute("x = 1")
-        assert gateway._process is not None
+        assert gateway._process is not None  # private: the gateway's pid is not exposed
         tree = psutil.Process(gateway._process.pid).children(recursive=True)
         tree.append(psutil.Process(gateway._process.pid))
         assert len(tree) >= 2  # the gateway and at least one kernel
@@ -42,6 +44,7 @@ async def test_stop_ends_the_gateway_and_all_its_kernels() -> None:
     await gateway.stop()  # idempotent
 
 
+@pytest.mark.slow
 async def test_a_port_in_use_fails_with_the_gateway_output() -> None:
     with socket.socket() as blocker:
         blocker.bind(("localhost", 0))
@@ -61,6 +64,7 @@ async def test_starting_twice_raises() -> None:
             await gateway.start()
 
 
+@pytest.mark.slow
 async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -85,6 +89,7 @@ def test_the_gateway_process_gets_only_allow_listed_variables(
     monkeypatch.setenv("IPYBOX_T_APP_SECRET", "never-in-the-gateway")
     monkeypatch.setenv("HOME", "/home/someone")
     gateway = KernelGateway(port=None, env={"FOR_KERNELS": "yes"}, auth_token="gateway-token")
+    # Private: the environment the gateway process gets is observable only before it starts.
     gateway._jupyter_dir = tmp_path
     env = gateway._gateway_env()
     assert "IPYBOX_T_APP_SECRET" not in env

@@ -245,6 +245,7 @@ def test_the_canary_payload_really_creates_the_canary_when_executed() -> None:
     max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 @given(tools=tool_lists())
+@pytest.mark.slow
 def test_hostile_tools_generate_modules_that_parse_import_and_never_run_injected_text(
     tools: list[Tool],
 ) -> None:

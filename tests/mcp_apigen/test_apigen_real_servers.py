@@ -23,6 +23,8 @@ from ipybox.tool_exec.server import ToolServer
 from tests.conftest import DEMO_SERVER
 from tests.mcp_apigen.apigen_support import check_source, importable, unique_package
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture
 def root(tmp_path: Path) -> Iterator[Path]:

@@ -420,6 +420,7 @@ def _nested(depth: int) -> dict[str, Any]:
 # --- generate_mcp_sources against real servers ---------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_generate_writes_a_package_returns_module_names_and_registers_the_server(
     tmp_path: Path, state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -457,6 +458,7 @@ async def test_generate_writes_a_package_returns_module_names_and_registers_the_
     assert ServerRegistry(state_dir / "servers.json").lookup("weather") == params
 
 
+@pytest.mark.slow
 async def test_a_server_without_tools_gives_an_empty_package(tmp_path: Path) -> None:
     modules = await generate_mcp_sources("empty", tools_server_params(tmp_path, []), tmp_path)
     assert modules == []
@@ -478,6 +480,7 @@ async def test_an_unreachable_server_raises_and_leaves_the_existing_package(tmp_
     assert existing.exists()
 
 
+@pytest.mark.slow
 async def test_a_server_that_never_answers_times_out(tmp_path: Path) -> None:
     silent = {"command": sys.executable, "args": ["-c", "import time; time.sleep(600)"]}
     with pytest.raises(MCPServerError):

@@ -18,6 +18,8 @@ import pytest
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, stdio_params, text_of
 
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parents[2]
 SKILL = ROOT / "plugins" / "codeact" / "skills" / "codeact"
 LIBRARY = ROOT / "examples" / "library_server.py"

@@ -21,7 +21,7 @@ from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
 from tests.sandbox_support import require_sandbox
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
 SECRET = "DOTENV_SECRET=hidden-from-the-kernel"
 # Each race runs at most this many swaps in the kernel (a short pause between two, so that they

@@ -165,6 +165,7 @@ async def test_two_sessions_work_in_folders_of_their_own_which_the_server_names(
     assert all(f"a new MCP session works in {folder}\n" in log for folder in folders)
 
 
+@pytest.mark.slow
 async def test_a_server_registered_in_one_session_is_that_sessions_alone(tmp_path: Path) -> None:
     env = {**os.environ, "IPYBOX_MCP_TOKEN": TOKEN}
     workspace = tmp_path / "workspace"
@@ -202,6 +203,7 @@ async def _cwd(client: Client) -> Path:
     return Path(text_of(await run(client, "import os; print(os.getcwd())")))
 
 
+@pytest.mark.slow
 async def test_progress_and_cancellation_work_over_http(server: HttpServer) -> None:
     async with connected(server.url, url_token=TOKEN) as client:
         messages: list[str | None] = []
@@ -224,6 +226,7 @@ async def test_progress_and_cancellation_work_over_http(server: HttpServer) -> N
         assert text_of(await asyncio.wait_for(run(client, "kept"), timeout=30)) == "'state'"
 
 
+@pytest.mark.slow
 async def test_uploads_up_to_the_documented_limit_pass_over_http(server: HttpServer) -> None:
     limit = 20 * 1024 * 1024
     # Not a repeating pattern, so no layer can pass it by compressing it.
@@ -280,6 +283,7 @@ async def test_a_closed_session_stops_its_kernel(server: HttpServer) -> None:
     assert await asyncio.to_thread(wait_until, lambda: _kernels(server.process) <= before - {pid})
 
 
+@pytest.mark.slow
 async def test_a_token_is_generated_and_printed_once_when_none_is_set(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "IPYBOX_MCP_TOKEN"}
     (tmp_path / "workspace").mkdir()
@@ -307,6 +311,7 @@ def _alive(pids: set[int]) -> set[int]:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.slow
 async def test_a_signal_stops_the_http_server_with_its_sessions(tmp_path: Path, signum: int) -> None:
     env = {**os.environ, "IPYBOX_MCP_TOKEN": TOKEN}
     (tmp_path / "workspace").mkdir()
@@ -323,6 +328,7 @@ async def test_a_signal_stops_the_http_server_with_its_sessions(tmp_path: Path, 
         await asyncio.to_thread(stop_server, started.process)
 
 
+@pytest.mark.slow
 async def test_a_signal_stops_an_idle_http_server_with_its_warm_executor(tmp_path: Path) -> None:
     env = {**os.environ, "IPYBOX_MCP_TOKEN": TOKEN}
     (tmp_path / "workspace").mkdir()
@@ -350,6 +356,7 @@ async def _post(
     return await http.post(url, json=body, headers=headers)
 
 
+@pytest.mark.slow
 async def test_an_idle_session_is_closed_after_the_session_timeout(tmp_path: Path) -> None:
     env = {**os.environ, "IPYBOX_MCP_TOKEN": TOKEN}
     (tmp_path / "workspace").mkdir()

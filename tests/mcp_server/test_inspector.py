@@ -19,6 +19,7 @@ from tests.mcp_server.test_http import TOKEN, HttpServer, start_server, stop_ser
 INSPECTOR = "@modelcontextprotocol/inspector@2.12.0"
 
 pytestmark = [
+    pytest.mark.slow,
     pytest.mark.skipif(shutil.which("npx") is None, reason="the MCP Inspector needs Node.js (npx)"),
     pytest.mark.timeout(300),
 ]

@@ -17,6 +17,8 @@ import pytest
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import wait_until
 
+pytestmark = pytest.mark.slow
+
 _TIMEOUT = 60
 
 

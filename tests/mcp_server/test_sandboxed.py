@@ -15,6 +15,8 @@ from tests.mcp_server.support import connected, run, server_env, stdio_params, t
 from tests.net_support import package_index_url
 from tests.sandbox_support import require_sandbox
 
+pytestmark = pytest.mark.slow
+
 ATTEMPT = (
     "def attempt(action):\n"
     "    try:\n"

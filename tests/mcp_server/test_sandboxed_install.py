@@ -13,6 +13,8 @@ from ipybox.mcp_server._install import Installer, InstallError, packages_dir
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
 from tests.sandbox_support import require_sandbox
 
+pytestmark = pytest.mark.slow
+
 # Kernel code: a uv.toml that moves uv's cache into the workspace and asks for hard links, and a
 # `pip` package that would run as the application if the installer imported it.
 PLANT = """

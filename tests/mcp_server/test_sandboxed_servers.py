@@ -12,6 +12,8 @@ from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
 from tests.sandbox_support import require_sandbox
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.timeout(300)
 async def test_a_server_in_the_workspace_is_refused_and_one_outside_it_works(tmp_path: Path) -> None:

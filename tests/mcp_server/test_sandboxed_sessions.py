@@ -17,7 +17,7 @@ from tests.mcp_server.support import connected, run, text_of
 from tests.mcp_server.test_http import TOKEN, HttpServer, start_server, stop_server
 from tests.sandbox_support import require_sandbox
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300), pytest.mark.slow]
 
 # Kernel code of the first session: code that would steal the next session's tool server token,
 # in the shared packages folder (sitecustomize.py) and as packages shadowing installed ones.

@@ -132,13 +132,22 @@ async def test_kernel_env_reaches_the_kernel_and_nothing_else_does(client: Clien
     assert lines[2] == f"True {workspace}"
 
 
-async def test_progress_notifications_carry_the_latest_output_line(client: Client) -> None:
+@pytest.mark.slow
+async def test_progress_notifications_carry_the_latest_output_line(client: Client, workspace: Path) -> None:
     messages: list[str | None] = []
+    seen = workspace / "progress-seen"
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
         messages.append(message)
+        if message and message.startswith("step"):
+            seen.touch()
 
-    code = "import time\nfor i in range(3):\n    print(f'step {i}', flush=True)\n    time.sleep(1)"
+    # The cell runs until the client has seen its output line in a progress notification (the
+    # kernel polls for the file the callback creates, under a deadline), however slow the machine.
+    code = (
+        "import os, time\nprint('step 0', flush=True)\ndeadline = time.monotonic() + 60\n"
+        f"while not os.path.exists({str(seen)!r}) and time.monotonic() < deadline:\n    time.sleep(0.05)"
+    )
     result = await client.call_tool("execute_ipython_cell", {"code": code}, progress_callback=on_progress)
     assert not result.is_error
     assert messages and all(m is not None and m.startswith(("step", "running")) for m in messages)
@@ -212,6 +221,7 @@ async def test_files_go_in_and_out_and_escapes_are_refused(
     assert not (workspace / "big.bin").exists()
 
 
+@pytest.mark.slow
 async def test_registered_servers_are_called_from_code(client: Client, workspace: Path) -> None:
     demo = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
     registered = await client.call_tool("register_mcp_server", {"server_name": "demo", "server_params": demo})

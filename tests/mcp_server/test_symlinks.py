@@ -13,6 +13,7 @@ from tests.mcp_server.support import connected, run, server_env, stdio_params, t
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.slow
 async def test_the_server_refuses_folders_kernel_code_replaced_with_links(tmp_path: Path) -> None:
     workspace = tmp_path / "workspace"
     workspace.mkdir()

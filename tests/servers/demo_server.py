@@ -147,8 +147,14 @@ def order(
 
 
 @mcp.tool(structured_output=False)
-async def slow(seconds: float) -> str:
-    """Sleep for the given number of seconds, then answer."""
+async def slow(seconds: float, started: str = "") -> str:
+    """Sleep for the given number of seconds, then answer.
+
+    If `started` names a file, it is created first: a test waits for it to know that the call
+    has reached the server.
+    """
+    if started:
+        os.close(os.open(started, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     await asyncio.sleep(seconds)
     return f"slept {seconds}"
 

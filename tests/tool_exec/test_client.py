@@ -91,6 +91,7 @@ def test_a_kept_connection_the_server_closed_while_idle_is_replaced_silently(
 ) -> None:
     runner = ToolRunner("demo", {}, "127.0.0.1", dropping_server.port, connect_timeout=5, read_timeout=10)
     assert runner.run_sync("echo", {"text": "first"}) == {"answer": 42}
+    # Private: the kept-alive connection is internal; closing its socket stands for a server's drop.
     assert runner._connection is not None
     runner._connection.sock.shutdown(socket.SHUT_WR)  # the server sees EOF and closes its side
     assert runner.run_sync("echo", {"text": "second"}) == {"answer": 42}
@@ -117,7 +118,7 @@ async def test_an_async_kept_connection_the_server_closed_while_idle_is_replaced
         "demo", {}, "127.0.0.1", dropping_server.port, connect_timeout=5, read_timeout=10
     ) as runner:
         assert await runner.run("echo", {"text": "first"}) == {"answer": 42}
-        [connection] = runner._idle
+        [connection] = runner._idle  # private: the pooled connection, to drop it as a server would
         connection.writer.write_eof()  # the server sees EOF and closes its side
         await connection.reader.read()  # ... which this side has now seen too
         assert await runner.run("echo", {"text": "second"}) == {"answer": 42}

@@ -92,7 +92,7 @@ async def test_s1_a_run_with_a_made_up_command_is_refused_and_starts_nothing(
     assert "runs only MCP servers registered by the application" in error["message"]
     assert not marker.exists()
     assert descendants() <= before
-    assert secured._sessions == {}
+    assert secured._sessions == {}  # private: no public view of the servers the tool server started
 
 
 async def test_s1_a_run_with_a_url_carrying_a_secret_placeholder_is_refused_and_connects_nowhere(
@@ -165,7 +165,7 @@ async def test_s2_a_rogue_approval_client_without_the_secret_cannot_connect(
         async with ws_connect(f"ws://localhost:{secured.port}/approval", additional_headers=headers):
             pass
     assert info.value.response.status_code == 403
-    assert not secured._channel.open
+    assert not secured._channel.open  # private: whether an approval client is attached is not exposed
 
 
 async def test_s2_a_second_client_cannot_displace_the_first(secured: ToolServer) -> None:

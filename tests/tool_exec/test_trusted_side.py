@@ -14,7 +14,7 @@ from ipybox import CodeExecutionError, CodeExecutor, generate_mcp_sources
 from tests.conftest import DEMO_SERVER
 from tests.sandbox_support import require_sandbox
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(300), pytest.mark.slow]
 
 CALL_ADD = "from ipybox.tool_exec.client import run_tool\nprint(run_tool('demo', 'add', {'a': 1, 'b': 1}))"
 
