@@ -328,6 +328,7 @@ async def test_install_makes_a_package_importable_and_reset_keeps_it(client: Cli
     assert text_of(after) == repr(str(workspace))
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 async def test_an_installed_package_survives_the_clones_set_up_which_resyncs_its_environment(
     client: Client,
