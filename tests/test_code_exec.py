@@ -601,3 +601,20 @@ async def test_a_gateway_that_died_neither_hides_the_callers_error_nor_half_rese
         with pytest.raises(KernelConnectionError):
             await ex.reset()
         assert ex._tool_server._sessions == {}  # the tool server's reset ran to its end
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sandbox", [False, True], ids=["unsandboxed", "sandboxed"])
+async def test_a_working_dir_that_does_not_exist_is_refused_at_start(tmp_path: Path, sandbox: bool) -> None:
+    # Found in a newcomer's trial: the kernel silently worked in the gateway's private folder
+    # instead, and a sandboxed executor's start never returned.
+    if sandbox:
+        require_sandbox()
+    missing = tmp_path / "not-made-yet"
+    executor = CodeExecutor(working_dir=missing, sandbox=sandbox)
+    with pytest.raises(ValueError, match="not an existing folder; create it first"):
+        await executor.start()
+    assert not missing.exists()
+    missing.mkdir()
+    async with executor:
+        assert (await executor.execute("import os\nprint(os.getcwd())")).text == str(missing)
