@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -535,6 +536,36 @@ async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> Non
     assert process.returncode == 0, text
     assert "best rated: Fluent Python" in text
     assert "lent to Ada" in text
+
+
+async def test_ctrl_c_at_the_quickstarts_prompt_ends_it(tmp_path: Path) -> None:
+    # Found in a newcomer's trial: Ctrl-C at "Approve? (Y/n)" did nothing (the prompt's thread
+    # held the exit until Enter was pressed), nor did a second one.
+    env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "examples" / "quickstart.py"),
+        cwd=tmp_path,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,  # open, never written: nobody answers
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    try:
+        seen = await asyncio.wait_for(process.stdout.readuntil(b"Approve? (Y/n): "), 90)
+        assert b"Tool call: library.search_books" in seen
+        tree = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGINT)
+        rest = await asyncio.wait_for(process.stdout.read(), 60)
+        assert await process.wait() == 130, rest.decode()
+        assert b"interrupted" in rest
+        _, alive = await asyncio.to_thread(psutil.wait_procs, tree, timeout=60)
+        assert alive == []
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExecutor) -> None:
