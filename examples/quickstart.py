@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
+import threading
 from pathlib import Path
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, generate_mcp_sources
-from ipybox.utils import arun
 
 SERVER_PARAMS = {
     "command": sys.executable,
@@ -37,12 +39,25 @@ print(f"lent to {loan.borrower}, due in {loan.due_in_days} days")
 
 
 async def ask(prompt: str) -> bool:
-    try:
-        answer = await arun(input, prompt)
-    except EOFError:  # no terminal to answer from
+    # input() runs in a daemon thread: Ctrl-C at the prompt then ends the program at once (a
+    # thread of asyncio's pool would hold the exit until Enter was pressed).
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[str | None] = loop.create_future()
+
+    def read() -> None:
+        try:
+            line: str | None = input(prompt)
+        except EOFError:
+            line = None
+        with contextlib.suppress(RuntimeError):  # the program ended meanwhile
+            loop.call_soon_threadsafe(lambda: answer.done() or answer.set_result(line))
+
+    threading.Thread(target=read, daemon=True).start()
+    line = await answer
+    if line is None:  # no terminal to answer from
         print("\nno answer (standard input is closed); run with --yes to approve every call")
         return False
-    return answer.strip().lower() in ("", "y", "yes")
+    return line.strip().lower() in ("", "y", "yes")
 
 
 async def main(approve_all: bool) -> None:
@@ -71,6 +86,10 @@ if __name__ == "__main__":
     args = parser.parse_args()
     try:
         asyncio.run(main(args.yes))
+    except KeyboardInterrupt:  # the executor has stopped; the prompt's thread may still wait
+        print("\ninterrupted", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(130)  # not sys.exit: Python's shutdown would wait on that thread's read
     except Exception as exc:  # a rejected call ends the code with an error: say so plainly
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)

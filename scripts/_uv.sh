@@ -1,5 +1,6 @@
 # Sourced by every script: makes `uv` callable, installing it on a fresh machine.
 # pip puts a --user install in ~/.local/bin, which is often not on PATH yet.
+caller_path="$PATH"
 export PATH="$HOME/.local/bin:$PATH"
 if ! command -v uv >/dev/null 2>&1; then
     # Debian 12 / Ubuntu 24.04 system Pythons refuse plain pip installs (PEP 668); uv is one
@@ -13,3 +14,16 @@ if ! command -v uv >/dev/null 2>&1; then
             exit 1
         }
 fi
+
+# Says so when uv's folder is not on the caller's PATH: the scripts find uv there, but an MCP
+# client (Claude Code) that starts "uvx" only looks on its own PATH.
+uv_path_note() {
+    local folder
+    folder=$(dirname "$(command -v uv)")
+    case ":$caller_path:" in
+        *":$folder:"*) ;;
+        *) echo "note: uv and uvx are in $folder, which is not on your PATH. MCP configurations" \
+            "that run \"uvx\" need it there: export PATH=\"$folder:\$PATH\" (add the line to your" \
+            "shell's start-up file, e.g. ~/.bashrc)." >&2 ;;
+    esac
+}

@@ -43,3 +43,4 @@ if [ "$(uname -s)" = Linux ]; then
         fi
     fi
 fi
+uv_path_note

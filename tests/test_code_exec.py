@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -582,6 +583,36 @@ async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> Non
     assert "lent to Ada" in text
 
 
+async def test_ctrl_c_at_the_quickstarts_prompt_ends_it(tmp_path: Path) -> None:
+    # Found in a newcomer's trial: Ctrl-C at "Approve? (Y/n)" did nothing (the prompt's thread
+    # held the exit until Enter was pressed), nor did a second one.
+    env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state")}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "examples" / "quickstart.py"),
+        cwd=tmp_path,
+        env=env,
+        stdin=asyncio.subprocess.PIPE,  # open, never written: nobody answers
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    assert process.stdout is not None
+    try:
+        seen = await asyncio.wait_for(process.stdout.readuntil(b"Approve? (Y/n): "), 90)
+        assert b"Tool call: library.search_books" in seen
+        tree = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGINT)
+        rest = await asyncio.wait_for(process.stdout.read(), 60)
+        assert await process.wait() == 130, rest.decode()
+        assert b"interrupted" in rest
+        _, alive = await asyncio.to_thread(psutil.wait_procs, tree, timeout=60)
+        assert alive == []
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+
 async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExecutor) -> None:
     import httpx
 
@@ -650,3 +681,20 @@ async def test_a_gateway_that_died_neither_hides_the_callers_error_nor_half_rese
         with pytest.raises(KernelConnectionError):
             await ex.reset()
         assert ex._tool_server._sessions == {}  # the tool server's reset ran to its end
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("sandbox", [False, True], ids=["unsandboxed", "sandboxed"])
+async def test_a_working_dir_that_does_not_exist_is_refused_at_start(tmp_path: Path, sandbox: bool) -> None:
+    # Found in a newcomer's trial: the kernel silently worked in the gateway's private folder
+    # instead, and a sandboxed executor's start never returned.
+    if sandbox:
+        require_sandbox()
+    missing = tmp_path / "not-made-yet"
+    executor = CodeExecutor(working_dir=missing, sandbox=sandbox)
+    with pytest.raises(ValueError, match="not an existing folder; create it first"):
+        await executor.start()
+    assert not missing.exists()
+    missing.mkdir()
+    async with executor:
+        assert (await executor.execute("import os\nprint(os.getcwd())")).text == str(missing)

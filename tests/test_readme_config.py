@@ -127,3 +127,32 @@ def test_the_claude_mcp_add_command_connects_in_claude_code(tmp_path: Path) -> N
     listed = claude("mcp", "list")
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert re.search(r"^ipybox: .*Connected", listed.stdout, re.MULTILINE), listed.stdout
+
+
+@pytest.mark.timeout(600)
+def test_uvx_from_a_clone_runs_the_clones_newest_commit(tmp_path: Path) -> None:
+    # Found in a newcomer's trial: after a `git pull` in the clone, `uvx --from` still ran its
+    # first build of the clone (uv keyed the build on pyproject.toml alone).
+    uvx = shutil.which("uvx") or str(Path.home() / ".local" / "bin" / "uvx")
+    clone = tmp_path / "ipybox"
+    subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True)
+    cli = clone / "src" / "ipybox" / "mcp_server" / "_cli.py"
+    env = {key: value for key, value in os.environ.items() if key != "VIRTUAL_ENV"}
+
+    def described() -> str:
+        helped = subprocess.run(
+            [uvx, "--from", str(clone), "ipybox", "--help"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            check=False,
+        )
+        assert helped.returncode == 0, helped.stderr
+        return helped.stdout
+
+    assert "a newer commit" not in described()
+    cli.write_text(cli.read_text().replace("Run ipybox as an MCP server.", "Run ipybox (a newer commit)."))
+    git = ["git", "-C", str(clone), "-c", "user.name=test", "-c", "user.email=test@example.com"]
+    subprocess.run([*git, "commit", "--quiet", "--all", "--message", "newer"], check=True)
+    assert "a newer commit" in described()

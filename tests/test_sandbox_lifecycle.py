@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from ipybox import CodeExecutionError, CodeExecutor
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.sandbox_support import require_sandbox
+from tests.test_plugin_manifest import CLAUDE_CODE
 
 pytestmark = pytest.mark.slow
 
@@ -294,6 +296,33 @@ def test_nothing_is_left_in_the_project_when_the_sandboxed_mcp_server_exits(
                 stream.close()
     left = [name for name in os.listdir(project) if name in PROTECTED or (project / name).stat().st_size == 0]
     assert left == []
+
+
+async def test_claude_code_reads_the_projects_mcp_json_while_a_sandboxed_kernel_works_there(
+    project: Path, tmp_path: Path
+) -> None:
+    """Found in a newcomer's trial of the codeact-sandbox plugin, whose workspace is the Claude Code
+    project: while its kernel ran, `claude mcp list` there refused the empty `.mcp.json` stand-in
+    ("MCP config is not a valid JSON") and listed no server at all. The stand-in holds no servers."""
+    if shutil.which("npx") is None:
+        pytest.skip("npx is not installed: Claude Code's CLI cannot run")
+    env = {**os.environ, "CLAUDE_CONFIG_DIR": str(tmp_path / "claude"), "DISABLE_TELEMETRY": "1"}
+    async with CodeExecutor(sandbox=True, working_dir=project) as ex:
+        assert json.loads((project / ".mcp.json").read_text()) == {"mcpServers": {}}
+        listed = await asyncio.to_thread(
+            subprocess.run,
+            ["npx", "--yes", CLAUDE_CODE, "mcp", "list"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=project,
+            timeout=400,
+            check=False,
+        )
+        output = listed.stdout + listed.stderr
+        assert listed.returncode == 0 and "Failed to parse" not in output, output
+        await fails(ex, "open('.mcp.json', 'w').write('{}')", "OSError", "PermissionError")
+    assert sorted(os.listdir(project)) == ["main.py"]
 
 
 async def test_two_executors_in_one_project_keep_each_others_protection(project: Path) -> None:

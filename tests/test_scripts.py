@@ -136,3 +136,29 @@ def test_the_debian_base_build_without_apt_sources_asks_for_a_mirror(tmp_path: P
     assert "security mirror http://security.example/debian-security\n" in found.stdout
     given = _build_base("--mirror", "http://mirror.example/debian", apt_config=config)
     assert "build-base: mirror http://mirror.example/debian\n" in given.stdout
+
+
+def test_the_set_up_says_how_to_put_uv_on_path_when_it_is_not(tmp_path: Path) -> None:
+    # A newcomer's `claude mcp add ... -- uvx ...` failed to connect, with no reason given: setup.sh
+    # had put uv in ~/.local/bin, which was not on their PATH, and said nothing.
+    home = tmp_path / "home"
+    (home / ".local" / "bin").mkdir(parents=True)
+    (home / ".local" / "bin" / "uv").write_text("#!/bin/sh\necho uv 0.0.0\n")
+    (home / ".local" / "bin" / "uv").chmod(0o755)
+    bare = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    local_bin = str(home / ".local" / "bin")
+    notes = {}
+    for path in (bare, f"{local_bin}:{bare}"):
+        result = subprocess.run(
+            ["bash", "-c", "source scripts/_uv.sh && uv_path_note"],
+            cwd=ROOT,
+            env={"PATH": path, "HOME": str(home)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        notes[path] = result.stderr
+    assert f'export PATH="{local_bin}:$PATH"' in notes[bare], notes[bare]
+    assert notes[f"{local_bin}:{bare}"] == ""
+    assert "uv_path_note" in (ROOT / "scripts" / "setup.sh").read_text()

@@ -125,9 +125,10 @@ class CodeExecutor:
         max_processes: Processes and threads the kernel may run at once, itself and everything it
             starts included (at least 16); ``None``: no limit. A fork bomb then fails to fork, and
             its processes are killed with the kernel's next replacement or at `stop()`.
-        working_dir: The kernel's working directory. The kernel starts there, and after every
-            cell that moved away (or deleted the folder it was in) it is put back, with a note in
-            the output. ``None``: the application's working directory, and ``os.chdir`` persists.
+        working_dir: The kernel's working directory, an existing folder. The kernel starts there,
+            and after every cell that moved away (or deleted the folder it was in) it is put back,
+            with a note in the output. ``None``: the application's working directory, and
+            ``os.chdir`` persists.
         spare_kernel: Keep a spare kernel warm so that `reset()` takes milliseconds; ``False``
             saves that kernel's memory (the MCP server's HTTP sessions do).
         max_result_size: Bytes one tool result may have on its way to the kernel (binary content
@@ -216,6 +217,7 @@ class CodeExecutor:
             RuntimeError: If the executor is already started, or the tool server cannot
                 bind its port.
             GatewayError: If the kernel gateway could not start.
+            ValueError: If `working_dir` is not an existing folder.
             KernelConnectionError: If no kernel could be created.
             ApprovalConnectionError: If the approval connection to the tool server failed.
         """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -321,3 +322,13 @@ async def test_pip_and_python_in_a_cell_reach_the_kernels_own_environment(
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
             await uninstall.wait()
+
+
+async def test_pip_version_says_what_pip_is_for_the_kernel() -> None:
+    # `pip --version` is the first thing many users type; uv's pip interface has no such option.
+    if importlib.util.find_spec("pip") is not None:
+        pytest.skip("this environment has pip of its own: no shim")
+    async with CodeExecutor() as ex:
+        for cell in ("!pip --version", "%pip -V"):
+            text = (await ex.execute(cell, timeout=60)).text or ""
+            assert sys.executable in text and "uv" in text and "error" not in text, (cell, text)

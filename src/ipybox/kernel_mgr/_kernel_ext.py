@@ -280,6 +280,13 @@ if UV is None:
         f"pip: this kernel's Python ({{PYTHON}}) has no pip, and uv was not found; install uv "
         "(https://docs.astral.sh/uv/), or packages with the application (install_package)."
     )
+if args and args[0] in ("--version", "-V"):  # uv's pip has no such option; say what pip is here
+    import subprocess
+
+    uv = subprocess.run([UV, "--version"], capture_output=True, text=True).stdout.strip() or UV
+    version = "{{}}.{{}}".format(*sys.version_info[:2])
+    print(f"{{uv}} (its pip interface) for {{PYTHON}} (python {{version}}); this Python has no pip of its own")
+    sys.exit(0)
 if not args or args[0].startswith("-"):
     os.execv(UV, [UV, "pip", *args])
 if args[0] == "uninstall":  # uv never asks

@@ -125,6 +125,10 @@ PROTECTED_WORKSPACE_FILES = (
 `.env` and the plugin's sandbox settings) read as configuration or run: never writable by a
 sandboxed kernel, whether or not they exist (see `make_placeholders`)."""
 
+_STAND_IN_CONTENT = {".mcp.json": b'{"mcpServers": {}}\n'}
+"""What a stand-in for a missing protected file holds (others are empty): Claude Code refuses an
+empty ``.mcp.json``, and with it every server of the project, even one that made the stand-in."""
+
 HIDDEN_SYSTEM_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
 """Shared folders where the host's Unix sockets live (terminal multiplexers, agents, D-Bus) and
 other users' temporary files; the default settings hide them (the kernel has its own ``TMPDIR``)."""
@@ -484,13 +488,14 @@ _GATEWAY_LOCK = "runtime/gateway.lock"
 
 
 def make_placeholders(working_dir: Path, private_dir: Path) -> None:
-    """Put an empty read-only stand-in where a protected name is missing in `working_dir`.
+    """Put a read-only stand-in where a protected name is missing in `working_dir`.
 
     bwrap can protect only a path that exists: for a missing one srt would create an empty file
     itself and remove it when it exits normally, which leaves it behind when srt is killed and,
     with two kernels sharing a working directory, removes it under the other's sandbox (whose
     protection then goes). ipybox makes them instead (an empty folder for `PROTECTED_WORKSPACE_DIRS`,
-    which git and editors pass over, an empty file for the rest), records each with its device and
+    which git and editors pass over, an empty file for the rest, but for an ``.mcp.json`` with no
+    servers, which Claude Code can read), records each with its device and
     inode in a journal in `private_dir`, and removes them when the gateway stops
     (`remove_placeholders`) or, after the application was killed, at the next start of any
     sandboxed gateway of the user (`sweep`). A placeholder another live gateway recorded is shared,
@@ -530,7 +535,11 @@ def make_placeholders(working_dir: Path, private_dir: Path) -> None:
                         os.mkdir(name, 0o755, dir_fd=fd)
                     else:
                         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                        os.close(os.open(name, flags, 0o644, dir_fd=fd))
+                        made_fd = os.open(name, flags, 0o644, dir_fd=fd)
+                        try:
+                            os.write(made_fd, _STAND_IN_CONTENT.get(name, b""))
+                        finally:
+                            os.close(made_fd)
                 except FileExistsError:
                     continue  # made by someone else meanwhile: theirs
                 made = os.stat(name, dir_fd=fd, follow_symlinks=False)
@@ -586,7 +595,7 @@ def _remove(private_dir: Path) -> None:
 
 
 def _remove_one(fd: int, name: str, entry: list[int]) -> None:
-    """Remove `name` if it is still the empty stand-in made for it (the recorded inode)."""
+    """Remove `name` if it is still the unchanged stand-in made for it (the recorded inode)."""
     try:
         found = os.stat(name, dir_fd=fd, follow_symlinks=False)
     except OSError:
@@ -596,8 +605,17 @@ def _remove_one(fd: int, name: str, entry: list[int]) -> None:
     with contextlib.suppress(OSError):
         if stat.S_ISDIR(found.st_mode):
             os.rmdir(name, dir_fd=fd)  # only an empty folder goes
-        elif stat.S_ISREG(found.st_mode) and found.st_size == 0:
+        elif stat.S_ISREG(found.st_mode) and _holds(fd, name, _STAND_IN_CONTENT.get(name, b"")):
             os.unlink(name, dir_fd=fd)
+
+
+def _holds(fd: int, name: str, content: bytes) -> bool:
+    """Whether the file `name` (no link followed) holds exactly `content`."""
+    file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    try:
+        return os.read(file_fd, len(content) + 1) == content
+    finally:
+        os.close(file_fd)
 
 
 def _exists(name: str, fd: int) -> bool:

@@ -174,9 +174,17 @@ class KernelGateway:
                 missing (the message says what to install), or `sandbox_config` is unusable, or
                 the kernel's wall against starting programs (``IPYBOX_EXEC_WALL``) cannot be
                 installed on this machine. The kernel never runs unsandboxed instead.
+            ValueError: If `working_dir` is not an existing folder.
         """
         if self._process is not None:
             raise GatewayError("The kernel gateway is already running; call stop() before start().")
+        if not self.working_dir.is_dir():
+            # Unchecked, a kernel started in the gateway's private folder instead, and a sandboxed
+            # one never started (its start waited for it without end).
+            raise ValueError(
+                f"working_dir {str(self.working_dir)!r} is not an existing folder; create it first "
+                "(kernels start there)."
+            )
         if self.sandbox:
             self._srt = _sandbox.find_srt()
             if self.env.get("IPYBOX_EXEC_WALL") == "1" and (problem := _exec_wall.unavailable()):
