@@ -118,6 +118,8 @@ async def test_a_plot_comes_back_as_scaled_image_content_and_a_saved_file(
     saved = text_of(result).split("Images saved in the workspace: ")[1].strip()
     with Image.open(workspace / saved) as original:
         assert max(original.size) > 768
+    # A cell whose only output is the plot says nothing of "no output" beside it.
+    assert "(no output)" not in text_of(result)
 
 
 async def test_kernel_env_reaches_the_kernel_and_nothing_else_does(client: Client, workspace: Path) -> None:

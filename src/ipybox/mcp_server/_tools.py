@@ -325,7 +325,10 @@ class ToolSession:
             return _error(_output.truncate(text, max_output_chars, self.workspace))
         assert result is not None
         text = _output.truncate(_output.clean(result.text or ""), max_output_chars, self.workspace)
-        content: list[types.ContentBlock] = [_text(text or "(no output)")]
+        # "(no output)" only where there is nothing else to show (not beside images).
+        content: list[types.ContentBlock] = [_text(text)] if text else []
+        if not text and not result.images:
+            content.append(_text("(no output)"))
         skipped: list[str] = []
         for image in result.images:
             try:
