@@ -450,11 +450,15 @@ class ToolServer:
         )
         try:
             serve_task = await server.start(sockets)
-        except RuntimeError as exc:
+        except BaseException as exc:  # cancelled too: nothing is left listening
             for bound in sockets:
                 bound.close()
             self._unlink_uds()
-            raise RuntimeError(f"The tool server could not start on {self.host}:{self._port}: {exc}") from exc
+            if isinstance(exc, RuntimeError):
+                raise RuntimeError(
+                    f"The tool server could not start on {self.host}:{self._port}: {exc}"
+                ) from exc
+            raise
         self._server, self._serve_task = server, serve_task
         logger.info("Tool server listening on %s:%d", self.host, self._port)
 
