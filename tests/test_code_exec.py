@@ -614,11 +614,11 @@ async def test_ctrl_c_at_the_quickstarts_prompt_ends_it(tmp_path: Path) -> None:
 
 
 async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExecutor) -> None:
-    import httpx
+    import httpx2
 
     # Private: the gateway's port is not public; the attack needs it to talk to the gateway directly.
     assert executor._kernel is not None
-    async with httpx.AsyncClient() as http:
+    async with httpx2.AsyncClient() as http:
         response = await http.post(f"http://localhost:{executor._kernel.port}/api/kernels", json={})
     assert response.status_code in (401, 403)
 

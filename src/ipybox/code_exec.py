@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Self
 
 import anyio
-import httpx
+import httpx2
 
 from ipybox.errors import (
     ApprovalError,
@@ -493,7 +493,7 @@ class CodeExecutor:
                 # connection may not have noticed yet: one round trip proves the fresh kernel works.
                 await kernel.execute("", timeout=10)
                 return f"{died}; a fresh kernel has replaced it and {lost}."
-            except (KernelConnectionError, ExecutionError, TimeoutError, httpx.HTTPError, OSError):
+            except (KernelConnectionError, ExecutionError, TimeoutError, httpx2.HTTPError, OSError):
                 pass  # no working kernel: the gateway itself is gone or broken
         try:
             await kernel.disconnect()

@@ -1,7 +1,7 @@
 import socket
 from pathlib import Path
 
-import httpx
+import httpx2
 import psutil
 import pytest
 
@@ -13,7 +13,7 @@ from ipybox.kernel_mgr.server import KernelGateway
 async def test_gateway_picks_a_free_port_and_answers() -> None:
     async with KernelGateway(port=None) as gateway:
         assert gateway.port > 0
-        async with httpx.AsyncClient() as http:
+        async with httpx2.AsyncClient() as http:
             response = await http.get(f"{gateway.url}/api")
         assert response.status_code == 200
 
@@ -79,7 +79,7 @@ async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
         monkeypatch.setattr(server, "free_port", lambda host: next(picks, None) or real_free_port(host))
         async with KernelGateway(port=None) as gateway:
             assert gateway.port not in (0, taken)
-            async with httpx.AsyncClient() as http:
+            async with httpx2.AsyncClient() as http:
                 assert (await http.get(f"{gateway.url}/api")).status_code == 200
 
 

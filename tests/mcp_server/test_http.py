@@ -23,6 +23,8 @@ import psutil
 import pytest
 from mcp.client import Client
 from mcp.shared.exceptions import MCPError
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import InvalidStatus
 
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, text_of, wait_until
@@ -123,6 +125,33 @@ async def test_a_foreign_host_or_origin_is_refused(server: HttpServer) -> None:
         origin = await http.post(server.url, json=body, headers={**headers, "Origin": "http://evil.example"})
     assert host.status_code == 421
     assert origin.status_code == 403
+
+
+async def test_the_token_rule_is_one_for_every_server(server: HttpServer) -> None:
+    # The rule of ipybox._infra.BearerToken, as the tool server applies it (tests/test_infra.py).
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    headers = {"Accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient() as http:
+        for authorization in (f"bearer {TOKEN}", f"BEARER   {TOKEN}"):
+            response = await http.post(
+                server.url, json=body, headers={**headers, "Authorization": authorization}
+            )
+            assert response.status_code == 400  # past the guard: the request has no MCP session
+        for authorization in (TOKEN, f"Basic {TOKEN}", f"Bearer {TOKEN.upper()}", f"Bearer {TOKEN}x"):
+            response = await http.post(
+                server.url, json=body, headers={**headers, "Authorization": authorization}
+            )
+            assert response.status_code == 401
+
+
+async def test_a_websocket_from_a_foreign_host_or_origin_is_refused(server: HttpServer) -> None:
+    url = server.url.replace("http://", "ws://")
+    token = {"Authorization": f"Bearer {TOKEN}"}
+    for headers in ({**token, "Origin": "http://evil.example"}, {**token, "Host": "evil.example"}, {}):
+        with pytest.raises(InvalidStatus) as info:
+            async with ws_connect(url, additional_headers=headers, open_timeout=30):
+                pass
+        assert info.value.response.status_code == 403
 
 
 async def test_two_sessions_have_their_own_kernels(server: HttpServer) -> None:

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
@@ -62,9 +62,9 @@ async def accept_all(request: ApprovalRequest) -> None:
     await request.accept()
 
 
-def kernel_http(server: ToolServer, token: str | None = TOKEN) -> httpx.AsyncClient:
+def kernel_http(server: ToolServer, token: str | None = TOKEN) -> httpx2.AsyncClient:
     headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
-    return httpx.AsyncClient(base_url=f"http://localhost:{server.port}", headers=headers, timeout=10)
+    return httpx2.AsyncClient(base_url=f"http://localhost:{server.port}", headers=headers, timeout=10)
 
 
 # --- S1: only registered servers ------------------------------------------------------------
@@ -239,6 +239,47 @@ async def test_s4_requests_without_the_right_token_are_refused(
     assert "token" in run.json()["error"]["message"]
     assert status.status_code == 200
     assert descendants() <= before
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [f"Bearer {TOKEN}", f"bearer {TOKEN}", f"BEARER   {TOKEN}"],
+)
+async def test_s4_the_token_is_accepted_with_any_case_of_the_scheme_and_spaces_after_it(
+    secured: ToolServer, authorization: str
+) -> None:
+    # One rule for every endpoint (ipybox._infra.BearerToken): the hot /run path and the others.
+    async with httpx2.AsyncClient(
+        base_url=f"http://localhost:{secured.port}", headers={"Authorization": authorization}, timeout=10
+    ) as http:
+        run = await http.post("/run", json={"server_name": "unknown", "tool_name": "echo", "tool_args": {}})
+        reset = await http.put("/reset")
+    assert run.status_code == 404  # past the token check: the server is not registered
+    assert reset.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [TOKEN, f"Basic {TOKEN}", f"Bearer {TOKEN.upper()}", f"Bearer {TOKEN[:-1]}", f"Bearer{TOKEN}", "Bearer"],
+)
+async def test_s4_a_near_miss_of_the_token_is_refused(secured: ToolServer, authorization: str) -> None:
+    async with httpx2.AsyncClient(
+        base_url=f"http://localhost:{secured.port}", headers={"Authorization": authorization}, timeout=10
+    ) as http:
+        run = await http.post("/run", json={"server_name": "demo", "tool_name": "echo", "tool_args": {}})
+        reset = await http.put("/reset")
+    assert run.status_code == 401 and reset.status_code == 401
+
+
+async def test_s2_the_approval_secret_follows_the_same_rule_as_the_token(secured: ToolServer) -> None:
+    url = f"ws://localhost:{secured.port}/approval"
+    async with ws_connect(url, additional_headers={"Authorization": f"bearer  {SECRET}"}):
+        pass
+    for authorization in (SECRET, f"Bearer {SECRET.upper()}", f"Basic {SECRET}"):
+        with pytest.raises(InvalidStatus) as info:
+            async with ws_connect(url, additional_headers={"Authorization": authorization}):
+                pass
+        assert info.value.response.status_code == 403
 
 
 async def test_s4_a_runner_with_a_wrong_token_gets_a_failed_error(secured: ToolServer) -> None:

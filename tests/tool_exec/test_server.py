@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2
 import pytest
 from pydantic import BaseModel
 
@@ -26,7 +26,7 @@ from tests.tool_exec.tool_exec_support import descendants, pid_alive, wait_until
 
 async def test_status_answers_ok_on_the_bound_port(tool_server: ToolServer) -> None:
     assert tool_server.port != 0
-    async with httpx.AsyncClient() as client:
+    async with httpx2.AsyncClient() as client:
         response = await client.get(f"http://localhost:{tool_server.port}/status")
     assert response.status_code == 200
     assert response.json() == {"status": "ok"}
@@ -202,7 +202,7 @@ async def test_bad_server_params_are_a_failed_call_naming_the_problem(tool_serve
 
 
 async def test_malformed_requests_get_a_typed_400(tool_server: ToolServer) -> None:
-    async with httpx.AsyncClient(base_url=f"http://localhost:{tool_server.port}") as client:
+    async with httpx2.AsyncClient(base_url=f"http://localhost:{tool_server.port}") as client:
         for body in (
             b"not json",
             b'{"server_name": "x"}',

@@ -20,22 +20,18 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import httpx
+import httpx2
 import websockets
 from websockets.asyncio.client import ClientConnection
 
 from ipybox._confined import Confined, ConfinedPathError, write_new
+from ipybox._infra import strip_ansi
 from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
 
 __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 
 logger = logging.getLogger(__name__)
-# Terminal escape sequences (ECMA-48): CSI (colours, cursor), OSC (titles, links), string
-# controls (DCS, SOS, PM, APC), and two-byte escapes.
-_ANSI = re.compile(
-    r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[PX^_][^\x1b]*\x1b\\|[ -/]*[0-Z\\`-~])"
-)
-# The start of a sequence that a later chunk of the same stream completes.
+# The start of a terminal escape sequence (`strip_ansi`) that a later chunk of the same stream completes.
 _ANSI_TAIL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?|[PX^_][^\x1b]*\x1b?|[ -/]*)\Z")
 _ANSI_TAIL_MAX = 4096
 _INTERRUPT_GRACE = 5.0
@@ -140,7 +136,7 @@ class KernelClient:
         self.images_dir = images_dir or Path("images")
         self.ping_interval = ping_interval
         self.spare_kernel = spare_kernel
-        self._http: httpx.AsyncClient | None = None
+        self._http: httpx2.AsyncClient | None = None
         self._kernel: _Kernel | None = None
         self._spare: asyncio.Task[_Kernel] | None = None
         self._lock = asyncio.Lock()
@@ -182,15 +178,15 @@ class KernelClient:
         """
         if self._kernel is not None:
             return
-        self._http = httpx.AsyncClient(
-            base_url=self._base_url, headers=self._headers, timeout=httpx.Timeout(30.0, connect=5.0)
+        self._http = httpx2.AsyncClient(
+            base_url=self._base_url, headers=self._headers, timeout=httpx2.Timeout(30.0, connect=5.0)
         )
         last_error: Exception | None = None
         for attempt in range(max(retries, 1)):
             try:
                 self._kernel = await self._open_kernel()
                 break
-            except (httpx.HTTPError, OSError, websockets.WebSocketException, KernelConnectionError) as exc:
+            except (httpx2.HTTPError, OSError, websockets.WebSocketException, KernelConnectionError) as exc:
                 last_error = exc
                 if attempt + 1 < retries:
                     await asyncio.sleep(retry_interval)
@@ -310,7 +306,7 @@ class KernelClient:
                 return  # every execution ended before it started: nothing to interrupt
         try:
             await self._http.post(f"/api/kernels/{kernel_id}/interrupt")
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise KernelConnectionError(
                 f"The kernel could not be interrupted: the gateway at {self._base_url} did not answer ({exc!r})."
             ) from exc
@@ -473,7 +469,7 @@ class KernelClient:
             evalue = str(error.get("evalue", ""))
             lines = error.get("traceback")
             lines = [str(line) for line in lines] if isinstance(lines, list) else []
-            traceback = _ANSI.sub("", "\n".join(lines))
+            traceback = strip_ansi("\n".join(lines))
             raise ExecutionError(
                 traceback or f"{ename}: {evalue}", ename=ename, evalue=evalue, traceback=traceback
             )
@@ -504,13 +500,13 @@ class KernelClient:
             plain = data["text/plain"]
             if not isinstance(plain, str):
                 return _skipped("a text/plain output", "it is not a string")
-            return _ANSI.sub("", plain) + "\n"
+            return strip_ansi(plain) + "\n"
         return None
 
     async def _interrupt(self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None]) -> bool:
         """Interrupt the kernel and wait briefly until it is idle again; whether it got there."""
         assert self._http is not None
-        with contextlib.suppress(httpx.HTTPError):
+        with contextlib.suppress(httpx2.HTTPError):
             await self._http.post(f"/api/kernels/{kernel.id}/interrupt")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_INTERRUPT_GRACE):
@@ -551,7 +547,7 @@ class KernelClient:
         # the KernelGateway whitelisted, never the gateway's whole environment.
         try:
             response = await self._http.post("/api/kernels", json={"env": {}})
-        except httpx.HTTPError as exc:
+        except httpx2.HTTPError as exc:
             raise KernelConnectionError(
                 f"No kernel could be created: the gateway at {self._base_url} did not answer ({exc!r})."
             ) from exc
@@ -591,7 +587,7 @@ class KernelClient:
         with contextlib.suppress(Exception):
             await kernel.ws.close()
         if shutdown and self._http is not None:
-            with contextlib.suppress(httpx.HTTPError):
+            with contextlib.suppress(httpx2.HTTPError):
                 await self._http.delete(f"/api/kernels/{kernel.id}")
 
     async def _receive(self, kernel: _Kernel) -> None:
@@ -708,7 +704,7 @@ class _AnsiStripper:
 
     def feed(self, text: str) -> str:
         """The text of this chunk without escape sequences; an unfinished one waits for the next."""
-        text = _ANSI.sub("", self._held + text)
+        text = strip_ansi(self._held + text)
         tail = _ANSI_TAIL.search(text)
         if tail is not None and len(text) - tail.start() <= _ANSI_TAIL_MAX:
             self._held = text[tail.start() :]

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
@@ -16,9 +15,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import httpx
+import httpx2
 import psutil
 
+from ipybox._infra import kill_tree, listen, running
 from ipybox.errors import GatewayError, SandboxUnavailableError
 from ipybox.kernel_mgr import _exec_wall, _kernel_launch, _limits, _sandbox
 from ipybox.tool_exec._registry import default_registry_path
@@ -30,8 +30,7 @@ _PORT_ATTEMPTS = 5
 
 def free_port(host: str = "localhost") -> int:
     """Return a TCP port on `host` that is free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
+    with listen(host, 0) as sock:
         port: int = sock.getsockname()[1]
         return port
 
@@ -147,7 +146,7 @@ class KernelGateway:
         if process is None or process.returncode is not None:
             return False
         try:
-            return _running(psutil.Process(process.pid))
+            return running(psutil.Process(process.pid))
         except psutil.Error:
             return False
 
@@ -529,7 +528,7 @@ class KernelGateway:
         assert process is not None
         deadline = time.monotonic() + timeout
         headers = {"Authorization": f"token {self.auth_token}"} if self.auth_token else {}
-        async with httpx.AsyncClient(timeout=1.0, headers=headers) as http:
+        async with httpx2.AsyncClient(timeout=1.0, headers=headers) as http:
             while True:
                 if process.returncode is not None or (self._reader is not None and self._reader.done()):
                     with contextlib.suppress(Exception):
@@ -545,7 +544,7 @@ class KernelGateway:
                     response = await http.get(f"{self.url}/api")
                     if response.status_code == 200:
                         return
-                except httpx.TransportError:
+                except httpx2.TransportError:
                     pass
                 if time.monotonic() > deadline:
                     raise self._failure(
@@ -605,38 +604,8 @@ _KERNEL_ARGS = [
 
 async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -> None:
     """Terminate `process` and all its descendants; kill what outlives `timeout`."""
-    try:
-        descendants = psutil.Process(process.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        descendants = []
     # Kernels are terminated together with the gateway rather than left to its own
     # shutdown, which waits for each kernel in turn.
-    for proc in descendants:
-        with contextlib.suppress(psutil.Error):
-            proc.terminate()
-    with contextlib.suppress(ProcessLookupError):
-        process.terminate()
-    deadline = time.monotonic() + timeout
-    # The gateway is our child: asyncio reaps it. Its descendants are only polled.
-    try:
-        await asyncio.wait_for(process.wait(), timeout)
-    except TimeoutError:
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
-        await process.wait()
-    alive = [proc for proc in descendants if _running(proc)]
-    while alive and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-        alive = [proc for proc in alive if _running(proc)]
-    for proc in alive:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-
-
-def _running(proc: psutil.Process) -> bool:
-    """Whether a process still runs; an exited one waiting to be reaped (a zombie) does not."""
-    try:
-        status: str = proc.status()
-    except psutil.NoSuchProcess:
-        return False
-    return bool(status != psutil.STATUS_ZOMBIE)
+    await kill_tree(process.pid, timeout)
+    # The gateway is our child: asyncio reaps it.
+    await process.wait()

@@ -6,12 +6,10 @@ import asyncio
 import contextlib
 import dataclasses
 import ipaddress
-import json
 import logging
 import os
 import secrets
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,9 +20,8 @@ import mcp_types as types
 from mcp.server import ServerRequestContext
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
-from starlette.datastructures import Headers
-from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ipybox._infra import Guard, Uvicorn, listen
 from ipybox.mcp_server._files import MAX_FILE_BYTES
 from ipybox.mcp_server._server import Settings, build_server
 from ipybox.mcp_server._tools import ToolSession
@@ -150,54 +147,6 @@ def _session_id(ctx: ServerRequestContext[Any]) -> str:
     return str(session_id)
 
 
-class Guard:
-    """ASGI middleware: refuses requests with an unexpected Host (421) or Origin (403), which a
-    DNS-rebinding web page would send, and requests without the bearer token (401)."""
-
-    def __init__(self, app: ASGIApp, token: str, allowed_hosts: set[str]) -> None:
-        self.app = app
-        self.token = token.encode()
-        self.allowed_hosts = {host.lower() for host in allowed_hosts}
-        self.allowed_origins = {
-            f"{scheme}://{host}" for host in self.allowed_hosts for scheme in ("http", "https")
-        }
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = Headers(scope=scope)
-        host = headers.get("host", "").lower()
-        if host not in self.allowed_hosts:
-            await _refuse(
-                send, 421, f"Host {host!r} is not served here; use one of {sorted(self.allowed_hosts)}."
-            )
-            return
-        origin = headers.get("origin")
-        if origin is not None and origin.lower().rstrip("/") not in self.allowed_origins:
-            await _refuse(send, 403, f"Requests from origin {origin!r} are not allowed.")
-            return
-        scheme, _, credentials = headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(credentials.strip().encode(), self.token):
-            await _refuse(
-                send,
-                401,
-                f"Send the server's token as 'Authorization: Bearer <token>' (${TOKEN_ENV} where the server runs, "
-                "or the token it printed at start).",
-                {"www-authenticate": 'Bearer realm="ipybox"'},
-            )
-            return
-        await self.app(scope, receive, send)
-
-
-async def _refuse(send: Send, status: int, message: str, extra: dict[str, str] | None = None) -> None:
-    body = json.dumps({"error": message}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    headers += [(key.encode(), value.encode()) for key, value in (extra or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 def allowed_hosts(host: str, port: int, extra: list[str]) -> set[str]:
     """Host header values the server answers: its address, loopback names, and `extra`."""
     names = {host if ":" not in host else f"[{host}]"}
@@ -227,8 +176,6 @@ async def serve_http(
     Each session works in a new folder of its own inside ``<workspace>/sessions``, kept when it
     ends; with `shared_workspace`, all work in the workspace itself.
     """
-    import uvicorn
-
     token = os.environ.get(TOKEN_ENV) or ""
     generated = not token
     if generated:
@@ -260,14 +207,9 @@ async def serve_http(
             await sessions.close()
 
     app.router.lifespan_context = lifespan
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
     try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(128)
+        sock = listen(host, port)
     except OSError as exc:
-        sock.close()
         from ipybox.errors import IpyboxError
 
         raise IpyboxError(f"Could not listen on {host}:{port} ({exc}); choose another --port.") from exc
@@ -286,14 +228,20 @@ async def serve_http(
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(signum)
     bound_port = sock.getsockname()[1]
-    guarded = Guard(app, token, allowed_hosts(host, bound_port, allowed_hosts_extra or []))
+    hosts = allowed_hosts(host, bound_port, allowed_hosts_extra or [])
+    guarded = Guard(
+        app,
+        token=token,
+        allowed_hosts=hosts,
+        hint=f" (${TOKEN_ENV} where the server runs, or the token it printed at start)",
+    )
     shown_host = f"[{host}]" if ":" in host else host
     print(
         f"ipybox: MCP server listening on http://{shown_host}:{bound_port}{MCP_PATH}",
         file=sys.stderr,
         flush=True,
     )
-    if not any(name.startswith(("127.0.0.1:", "localhost:")) for name in guarded.allowed_hosts) or host in (
+    if not any(name.startswith(("127.0.0.1:", "localhost:")) for name in hosts) or host in (
         "0.0.0.0",
         "::",
     ):
@@ -305,14 +253,15 @@ async def serve_http(
         )
     if generated:
         print(f"ipybox: bearer token (set {TOKEN_ENV} to choose one): {token}", file=sys.stderr, flush=True)
-    config = uvicorn.Config(
+    uvicorn_server = Uvicorn(
         guarded,
+        handle_signals=True,
         log_level=settings.log_level.lower(),
         lifespan="on",
         timeout_graceful_shutdown=5,
     )
     try:
-        await uvicorn.Server(config).serve(sockets=[sock])
+        await uvicorn_server.serve(sockets=[sock])
     finally:
         sock.close()
         await sessions.close()

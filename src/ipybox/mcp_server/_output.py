@@ -5,14 +5,12 @@ from __future__ import annotations
 import base64
 import io
 import os
-import re
 import time
 from pathlib import Path
 
 from ipybox._confined import Confined, ConfinedPathError, remove_entry, write_new
+from ipybox._infra import strip_ansi
 
-# CSI sequences (colours, cursor moves), OSC sequences (titles, links) and lone escapes.
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
 # Images are scaled so that the longer side is at most this many pixels: a model sees about
 # (w * h) / 750 tokens per image, so 768 x 768 stays under a thousand tokens.
 MAX_IMAGE_SIDE = 768
@@ -27,7 +25,7 @@ def clean(text: str) -> str:
     A progress bar that redraws itself with ``\\r`` leaves only its final state, as a
     terminal would show it.
     """
-    text = _ANSI.sub("", text).replace("\r\n", "\n")
+    text = strip_ansi(text).replace("\r\n", "\n")
     if "\r" not in text:
         return text
     return "\n".join(_last_redraw(line) for line in text.split("\n"))

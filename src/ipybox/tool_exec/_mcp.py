@@ -17,7 +17,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
 import threading
@@ -38,6 +37,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
 from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
+from ipybox._infra import kill_tree
 from ipybox.errors import MCPServerError
 from ipybox.tool_exec._params import HttpParams, StdioParams, resolve_params
 
@@ -538,7 +538,7 @@ class MCPSession:
             if pgid is not None:
                 # The SDK stopped the server; descendants it left in its process group go too.
                 with anyio.CancelScope(shield=True):
-                    await _kill_process_group(pgid)
+                    await kill_tree(pgid, _GROUP_KILL_GRACE, group=True)
 
     def _transport(self, cwd: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
         params = self.params
@@ -850,25 +850,6 @@ def _find_process_group(marker: str) -> int | None:
             if child.environ().get(_SESSION_MARKER_ENV) == marker:
                 return int(child.pid)
     return None
-
-
-async def _kill_process_group(pgid: int) -> None:
-    """Stop whatever is left of a stdio server's process group (descendants the server left behind)."""
-    if sys.platform == "win32":  # pragma: no cover
-        return
-    try:
-        os.killpg(pgid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    with anyio.move_on_after(_GROUP_KILL_GRACE):
-        while True:
-            try:
-                os.killpg(pgid, 0)
-            except (ProcessLookupError, PermissionError):
-                return
-            await anyio.sleep(0.01)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _text(result: CallToolResult) -> str | None:

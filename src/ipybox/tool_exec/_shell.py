@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shlex
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
+from ipybox._infra import kill_tree
 
 __all__ = ["ShellResult", "ShellRunner"]
 
@@ -131,26 +129,14 @@ class ShellRunner:
                     if over.is_set()
                     else f"it ran longer than {self.timeout:g} s"
                 )
-                kill_tree(process.pid)
+                # srt, bwrap and what runs inside: the command leads a session of its own.
+                await kill_tree(process.pid, group=True)
             stdout, stderr, _ = await readers
             exit_code = await process.wait()
         finally:
             waiter.cancel()
             if process.returncode is None:  # cancelled: the kernel went away, or the server stops
-                kill_tree(process.pid)
+                await kill_tree(process.pid, group=True)
                 with contextlib.suppress(ProcessLookupError):
                     await asyncio.shield(process.wait())
         return ShellResult(stdout, stderr, exit_code, stopped)
-
-
-def kill_tree(pid: int) -> None:
-    """Kill `pid` and every process it started (srt, bwrap and what runs inside)."""
-    try:
-        descendants = psutil.Process(pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    for proc in descendants:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()

@@ -28,16 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
-import socket
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-import uvicorn
 from mcp.types import (
     AudioContent,
     ContentBlock,
@@ -56,6 +52,7 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ipybox._infra import BearerToken, Uvicorn, listen
 from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 from ipybox.tool_exec._mcp import MCPSession
 from ipybox.tool_exec._params import StdioParams, confine, resolve_params
@@ -124,38 +121,6 @@ class _ToolCallError(Exception):
         self.status = status
         self.kind = kind
         self.message = message
-
-
-class _Uvicorn(uvicorn.Server):
-    """uvicorn embedded in an application: reports readiness, leaves signal handling to the app."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-        self._exit_requested = asyncio.Event()
-
-    def request_exit(self) -> None:
-        """Ask the server to shut down now, rather than at its next 0.1 s tick."""
-        self.should_exit = True
-        self._exit_requested.set()
-
-    async def main_loop(self) -> None:
-        # uvicorn's own loop, except that it wakes at once when an exit is requested.
-        counter = 0
-        should_exit = await self.on_tick(counter)
-        while not should_exit:
-            counter = (counter + 1) % 864000
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._exit_requested.wait(), 0.1)
-            should_exit = await self.on_tick(counter)
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        self.ready.set()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 class _BoundedHttp(HttpToolsProtocol):
@@ -412,10 +377,8 @@ class ToolServer:
         self.shell_runner = shell_runner
         self._fallback_registry: ServerRegistry | None = None
         self.approve_tool_calls = approve_tool_calls
-        self._expected_auth = f"Bearer {token}".encode() if token is not None else None
-        self._expected_approval_auth = (
-            f"Bearer {approval_secret}".encode() if approval_secret is not None else None
-        )
+        self._token = BearerToken(token) if token is not None else None
+        self._approval_secret = BearerToken(approval_secret) if approval_secret is not None else None
         self._channel = ApprovalChannel(
             approval_required=approval_required, approval_timeout=approval_timeout
         )
@@ -423,7 +386,7 @@ class ToolServer:
         self._starting: dict[str, asyncio.Lock] = {}
         # Each session's tools by name, listed before the first call of it that is asked about.
         self._tools: weakref.WeakKeyDictionary[MCPSession, dict[str, Tool]] = weakref.WeakKeyDictionary()
-        self._server: _Uvicorn | None = None
+        self._server: Uvicorn | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._app = Starlette(
             routes=[
@@ -456,16 +419,19 @@ class ToolServer:
             raise RuntimeError(f"The tool server is already running on {self.host}:{self._port}.")
         if self.log_to_stderr:
             _log_to_stderr_unless_configured(self.log_level)
-        sock = _bind(self.host, self._port)
+        # Calls gathered in a kernel open their connections all at once; a full backlog drops
+        # connection attempts, which the client's TCP retries only after a second.
+        sock = listen(self.host, self._port, backlog=1024)
         self._port = sock.getsockname()[1]
         sockets = [sock]
         if self.uds is not None:
             try:
-                sockets.append(_bind_unix(self.uds))
+                # Only the application's user may connect (a sandboxed kernel runs as that user).
+                sockets.append(listen(self.uds))
             except BaseException:
                 sock.close()
                 raise
-        config = uvicorn.Config(
+        server = Uvicorn(
             self,
             # No log_config or log_level: uvicorn then leaves the logging configuration alone.
             log_config=None,
@@ -482,24 +448,18 @@ class ToolServer:
             server_header=False,
             date_header=False,
         )
-        server = _Uvicorn(config)
-        serve_task = asyncio.create_task(server.serve(sockets=sockets), name="ipybox-tool-server")
-        self._server, self._serve_task = server, serve_task
-        ready = asyncio.create_task(server.ready.wait())
-        await asyncio.wait({ready, serve_task}, return_when=asyncio.FIRST_COMPLETED)
-        if not ready.done():
-            ready.cancel()
-            self._server = self._serve_task = None
+        try:
+            serve_task = await server.start(sockets)
+        except BaseException as exc:  # cancelled too: nothing is left listening
             for bound in sockets:
                 bound.close()
             self._unlink_uds()
-            try:
-                await serve_task
-            except BaseException as exc:
+            if isinstance(exc, RuntimeError):
                 raise RuntimeError(
                     f"The tool server could not start on {self.host}:{self._port}: {exc}"
                 ) from exc
-            raise RuntimeError(f"The tool server could not start on {self.host}:{self._port}.")
+            raise
+        self._server, self._serve_task = server, serve_task
         logger.info("Tool server listening on %s:%d", self.host, self._port)
 
     async def stop(self) -> None:
@@ -659,9 +619,8 @@ class ToolServer:
         )
 
     async def _approval(self, websocket: WebSocket) -> None:
-        if self._expected_approval_auth is not None:
-            supplied = websocket.headers.get("authorization", "").encode()
-            if not hmac.compare_digest(supplied, self._expected_approval_auth):
+        if self._approval_secret is not None:
+            if not self._approval_secret.accepts(websocket.headers.get("authorization", "")):
                 logger.warning("Refused an approval connection without the approval secret.")
                 await websocket.close(code=POLICY_VIOLATION)
                 return
@@ -867,7 +826,7 @@ class ToolServer:
         )
 
     def _authorized(self, authorization: bytes) -> bool:
-        return self._expected_auth is None or hmac.compare_digest(authorization, self._expected_auth)
+        return self._token is None or self._token.accepts(authorization)
 
     def _server_params(self, body: _RunRequest) -> dict[str, Any]:
         call = f"{body.server_name}.{body.tool_name}"
@@ -971,39 +930,6 @@ async def _disconnected(receive: Receive) -> None:
     """Return once the client has closed its connection (the request body was read before)."""
     while (await receive())["type"] != "http.disconnect":
         pass
-
-
-def _bind_unix(path: Path) -> socket.socket:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(str(path))
-        # Only the application's user may connect (a sandboxed kernel runs as that user);
-        # connecting needs write permission, which the umask never gives to others.
-        path.chmod(0o600)
-        sock.listen(128)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that name it, and
-    # without it every response waits for the client's delayed ACK (~40 ms).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        # Calls gathered in a kernel open their connections all at once; a full backlog drops
-        # connection attempts, which the client's TCP retries only after a second.
-        sock.listen(1024)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def _argument_problem(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
