@@ -6,6 +6,7 @@ import asyncio
 import base64
 import io
 import os
+import re
 import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -61,6 +62,9 @@ async def test_lists_the_tools_with_annotations(client: Client) -> None:
     execute = tools["execute_ipython_cell"]
     assert execute.input_schema["properties"]["timeout"]["default"] == 120
     assert execute.input_schema["properties"]["max_output_chars"]["default"] == 5000
+    for tool in tools.values():
+        assert tool.input_schema["additionalProperties"] is False
+        assert all(spec.get("description") for spec in tool.input_schema["properties"].values())
     for tool in tools.values():
         assert tool.annotations is not None and tool.annotations.title
         assert tool.annotations.read_only_hint is not None
@@ -366,3 +370,56 @@ async def test_bad_arguments_get_a_clear_error(client: Client) -> None:
     assert result.is_error and "at least 200" in text_of(result)
     result = await client.call_tool("no_such_tool", {})
     assert result.is_error and "execute_ipython_cell" in text_of(result)
+
+
+async def test_an_unknown_argument_or_a_value_of_the_wrong_json_type_is_refused_by_name(
+    client: Client, workspace: Path
+) -> None:
+    result = await client.call_tool("execute_ipython_cell", {"code": "ran = 1", "timout": 5})
+    assert result.is_error and "no argument 'timout'" in text_of(result)
+    assert "execute_ipython_cell(code, timeout=120, max_output_chars=5000)" in text_of(result)
+    assert text_of(await run(client, "'ran' in dir()")) == "False"
+    for name, value, kind in [
+        ("timeout", "10", "str"),
+        ("timeout", True, "bool"),
+        ("max_output_chars", 5e3, "float"),
+    ]:
+        result = await client.call_tool("execute_ipython_cell", {"code": "1", name: value})
+        assert result.is_error and f"'{name}'" in text_of(result) and f"not {kind}" in text_of(result)
+    result = await client.call_tool("register_mcp_server", {"server_name": "x", "server_params": "{}"})
+    assert result.is_error and "'server_params' must be a valid dictionary" in text_of(result)
+    result = await client.call_tool("reset", {"hard": True})
+    assert result.is_error and "reset takes no argument 'hard'" in text_of(result)
+    assert not (workspace / "mcptools" / "x").exists()
+
+
+_CALL = re.compile(r"`(\w+)\(([^`]*)\)`")
+
+
+def _documented_calls(markdown: Path) -> list[tuple[str, str]]:
+    """``(name, "name(arguments)")`` for every tool written as a call in the tool table."""
+    rows = [line for line in markdown.read_text().splitlines() if line.startswith("| `")]
+    return [(m[1], m[0].strip("`")) for row in rows for m in _CALL.finditer(row.split(" | ")[0])]
+
+
+async def test_the_readme_and_the_skill_state_the_tools_as_the_server_declares_them(client: Client) -> None:
+    """The tool tables of the README and of the codeact skill against what ``tools/list`` says:
+    the same argument names, in order, with the same defaults."""
+    listed = {}
+    for tool in (await client.list_tools()).tools:
+        required = tool.input_schema.get("required", [])
+        arguments = [
+            name if name in required else f"{name}={spec['default']!r}"
+            for name, spec in tool.input_schema["properties"].items()
+        ]
+        listed[tool.name] = f"{tool.name}({', '.join(arguments)})"
+    readme = dict(_documented_calls(ROOT / "README.md"))
+    assert readme == listed
+    skill = ROOT / "plugins" / "codeact" / "skills" / "codeact" / "SKILL.md"
+    calls = _documented_calls(skill)
+    stale = [call for name, call in calls if listed.get(name) != call]
+    assert calls and not stale, (
+        f"the skill's tool table says {stale}; the server lists {list(listed.values())}"
+    )
+    table = "\n".join(line for line in skill.read_text().splitlines() if line.startswith("| `"))
+    assert all(f"`{name}" in table for name in listed)

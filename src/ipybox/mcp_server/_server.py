@@ -33,6 +33,8 @@ _INSTRUCTIONS = (
 )
 
 
+_LISTED = [declared.tool for declared in TOOLS.values()]
+
 SESSIONS_DIR = "sessions"
 """Where HTTP sessions get their own working folders, inside the workspace."""
 
@@ -194,7 +196,7 @@ def build_server(sessions: SessionSource, *, handshake_only: bool = False) -> Se
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=TOOLS)
+        return types.ListToolsResult(tools=_LISTED)
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams

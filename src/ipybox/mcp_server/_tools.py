@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import mimetypes
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import mcp_types as types
+from pydantic import Field
 
 from ipybox._confined import Confined, ConfinedPathError, relative_parts
 from ipybox.code_exec import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
@@ -24,6 +26,7 @@ from ipybox.errors import (
 )
 from ipybox.kernel_mgr.client import DEFAULT_MAX_OUTPUT_CHARS, KeptText
 from ipybox.mcp_server import _files, _output
+from ipybox.mcp_server._declare import Declared, declare
 from ipybox.mcp_server._install import Installer, InstallError
 from ipybox.tool_exec.approval.client import ApprovalRequest
 
@@ -36,192 +39,11 @@ _MIN_OUTPUT_CHARS = 200
 # so that clients that give up on a quiet call keep waiting.
 _PROGRESS_INTERVAL = 1.0
 _HEARTBEAT_INTERVAL = 5.0
+_MAX_MIB = _files.MAX_FILE_BYTES // (1024 * 1024)
 
-_EXECUTE = types.Tool(
-    name="execute_ipython_cell",
-    title="Execute Python code",
-    description=(
-        "Run Python code in a stateful IPython kernel and return its output: printed text, the value of "
-        "the last expression, errors with their traceback, and plots as images.\n\n"
-        "Variables, imports and definitions persist between calls until `reset`. Top-level `await` works. "
-        "The working directory is the workspace. Call the tools of registered MCP servers from code: "
-        "`from mcptools.<server_name>.<tool_module> import Params, run` and `run(Params(...))`; "
-        "these calls run without asking. Shell commands work with `!cmd`.\n\n"
-        "Output longer than `max_output_chars` keeps its beginning and end; the full text is saved to a "
-        "file in the workspace that the output names. After `timeout` seconds the code is interrupted "
-        "(state is kept) and the output so far is returned."
-    ),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "code": {"type": "string", "description": "Python code to run; may contain IPython magics."},
-            "timeout": {
-                "type": "number",
-                "description": "Seconds the code may run before it is interrupted.",
-                "default": 120,
-                "exclusiveMinimum": 0,
-            },
-            "max_output_chars": {
-                "type": "integer",
-                "description": "Longest output returned; longer output keeps its head and tail.",
-                "default": 5000,
-                "minimum": 200,
-            },
-        },
-        "required": ["code"],
-        "additionalProperties": False,
-    },
-    annotations=types.ToolAnnotations(
-        title="Execute Python code", read_only_hint=False, destructive_hint=True, open_world_hint=True
-    ),
-)
-
-_REGISTER = types.Tool(
-    name="register_mcp_server",
-    title="Register an MCP server",
-    description=(
-        "Connect to an MCP server, generate a typed Python API for its tools in "
-        "`mcptools/<server_name>/` in the workspace, and allow code to call them. Returns the tool "
-        "module names; import one with `from mcptools.<server_name>.<module> import Params, run` "
-        "(`Result` too when the tool declares an output schema) and read its source for the parameters.\n\n"
-        '`server_params` for a local server: `{"command": "npx", "args": [...], "env": {...}}`; for '
-        'a remote one: `{"url": "https://.../mcp", "headers": {...}}`. Write secrets as `${VAR}`: '
-        "they are filled in from the server's environment or the workspace's `.env` file and never reach "
-        "the kernel. Registering a name again regenerates its API."
-    ),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "server_name": {
-                "type": "string",
-                "description": "Python package name for the server, e.g. 'github' or 'brave_search'.",
-            },
-            "server_params": {
-                "type": "object",
-                "description": "stdio: command, args, env, cwd; HTTP: url, headers, type.",
-            },
-        },
-        "required": ["server_name", "server_params"],
-        "additionalProperties": False,
-    },
-    annotations=types.ToolAnnotations(
-        title="Register an MCP server",
-        read_only_hint=False,
-        destructive_hint=False,
-        idempotent_hint=True,
-        open_world_hint=True,
-    ),
-)
-
-_INSTALL = types.Tool(
-    name="install_package",
-    title="Install a Python package",
-    description=(
-        "Install a Python package for the kernel; it can be imported right after, without a reset. "
-        "Accepts a name with optional extras and version specifiers ('pandas', 'httpx[http2]>=0.28') or a "
-        "'git+https://...' URL. The installer's error is returned if it fails."
-    ),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "package_name": {
-                "type": "string",
-                "description": "One requirement: 'name', 'name==1.2', 'name[extra]>=1', or 'git+https://...'.",
-            }
-        },
-        "required": ["package_name"],
-        "additionalProperties": False,
-    },
-    annotations=types.ToolAnnotations(
-        title="Install a Python package",
-        read_only_hint=False,
-        destructive_hint=False,
-        idempotent_hint=True,
-        open_world_hint=True,
-    ),
-)
-
-_RESET = types.Tool(
-    name="reset",
-    title="Reset the kernel",
-    description=(
-        "Replace the kernel with a fresh one: all variables, imports and definitions are gone. "
-        "Installed packages, registered MCP servers and files in the workspace stay."
-    ),
-    input_schema={"type": "object", "properties": {}, "additionalProperties": False},
-    annotations=types.ToolAnnotations(
-        title="Reset the kernel",
-        read_only_hint=False,
-        destructive_hint=True,
-        idempotent_hint=True,
-        open_world_hint=False,
-    ),
-)
-
-_UPLOAD = types.Tool(
-    name="upload_file",
-    title="Put a file into the workspace",
-    description=(
-        "Write a file into the workspace, where code can read it (the workspace is the working "
-        f"directory). `content_base64` is the file's bytes in base64; at most "
-        f"{_files.MAX_FILE_BYTES // (1024 * 1024)} MiB. Parent folders are created; an existing file "
-        "is replaced. Paths are relative to the workspace and cannot leave it; symbolic links are not "
-        "followed, and secrets and configuration files (.env, .mcp.json, .claude/, .git/, ...) are refused."
-    ),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "path": {
-                "type": "string",
-                "description": "Path relative to the workspace, e.g. 'data/input.csv'.",
-            },
-            "content_base64": {"type": "string", "description": "The file's bytes, base64-encoded."},
-        },
-        "required": ["path", "content_base64"],
-        "additionalProperties": False,
-    },
-    annotations=types.ToolAnnotations(
-        title="Put a file into the workspace",
-        read_only_hint=False,
-        destructive_hint=True,
-        idempotent_hint=True,
-        open_world_hint=False,
-    ),
-)
-
-_DOWNLOAD = types.Tool(
-    name="download_file",
-    title="Get a file from the workspace",
-    description=(
-        "Return a file from the workspace (for example one that code wrote) as an embedded resource "
-        f"with base64 content; at most {_files.MAX_FILE_BYTES // (1024 * 1024)} MiB. Paths are "
-        "relative to the workspace and cannot leave it; symbolic links, files with several hard links and "
-        "secrets or configuration files (.env, .mcp.json, .claude/, .git/, ...) are refused."
-    ),
-    input_schema={
-        "type": "object",
-        "properties": {
-            "path": {
-                "type": "string",
-                "description": "Path relative to the workspace, e.g. 'results/plot.png'.",
-            }
-        },
-        "required": ["path"],
-        "additionalProperties": False,
-    },
-    annotations=types.ToolAnnotations(
-        title="Get a file from the workspace",
-        read_only_hint=True,
-        idempotent_hint=True,
-        open_world_hint=False,
-    ),
-)
-
-TOOLS = [_EXECUTE, _REGISTER, _INSTALL, _RESET, _UPLOAD, _DOWNLOAD]
-
-
-class ArgumentError(ValueError):
-    """A tool was called with arguments it does not take."""
+TOOLS: dict[str, Declared] = {}
+"""The tools, by name, in the order they are listed: each declared once, on its `ToolSession` method."""
+_tool = functools.partial(declare, TOOLS)
 
 
 def _text(text: str) -> types.TextContent:
@@ -254,49 +76,56 @@ class ToolSession:
         self, name: str, arguments: Mapping[str, Any], progress: Progress | None
     ) -> types.CallToolResult:
         """Run the tool `name`; errors come back as results with ``isError``."""
+        declared = TOOLS.get(name)
+        if declared is None:
+            return _error(f"There is no tool named {name!r}; the tools are: {', '.join(TOOLS)}.")
         try:
-            match name:
-                case "execute_ipython_cell":
-                    return await self.execute_ipython_cell(
-                        _arg(arguments, "code", str),
-                        timeout=float(_arg(arguments, "timeout", (int, float), 120)),
-                        max_output_chars=_arg(arguments, "max_output_chars", int, 5000),
-                        progress=progress,
-                    )
-                case "register_mcp_server":
-                    return await self.register_mcp_server(
-                        _arg(arguments, "server_name", str), _arg(arguments, "server_params", dict)
-                    )
-                case "install_package":
-                    return await self.install_package(_arg(arguments, "package_name", str))
-                case "reset":
-                    return await self.reset()
-                case "upload_file":
-                    return self.upload_file(
-                        _arg(arguments, "path", str), _arg(arguments, "content_base64", str)
-                    )
-                case "download_file":
-                    return self.download_file(_arg(arguments, "path", str))
-        except ArgumentError as exc:
+            kwargs = declared.validate(arguments)
+        except ValueError as exc:
             return _error(str(exc))
+        if declared.takes_progress:
+            kwargs["progress"] = progress
+        try:
+            return await declared.handler(self, **kwargs)
         except IpyboxError as exc:
             # The executor's own failures (the gateway gone and not restartable, a reset that
             # found no kernel) reach the agent as tool errors it can read.
             return _error(f"{type(exc).__name__}: {exc}")
-        names = ", ".join(tool.name for tool in TOOLS)
-        return _error(f"There is no tool named {name!r}; the tools are: {names}.")
 
+    @_tool(
+        title="Execute Python code",
+        description=(
+            "Run Python code in a stateful IPython kernel and return its output: printed text, the value of "
+            "the last expression, errors with their traceback, and plots as images.\n\n"
+            "Variables, imports and definitions persist between calls until `reset`. Top-level `await` works. "
+            "The working directory is the workspace. Call the tools of registered MCP servers from code: "
+            "`from mcptools.<server_name>.<tool_module> import Params, run` and `run(Params(...))`; "
+            "these calls run without asking. Shell commands work with `!cmd`.\n\n"
+            "Output longer than `max_output_chars` keeps its beginning and end; the full text is saved to a "
+            "file in the workspace that the output names. After `timeout` seconds the code is interrupted "
+            "(state is kept) and the output so far is returned."
+        ),
+        read_only=False,
+        destructive=True,
+        open_world=True,
+    )
     async def execute_ipython_cell(
-        self, code: str, timeout: float = 120, max_output_chars: int = 5000, progress: Progress | None = None
+        self,
+        code: Annotated[str, Field(description="Python code to run; may contain IPython magics.")],
+        timeout: Annotated[
+            float, Field(gt=0, description="Seconds the code may run before it is interrupted.")
+        ] = 120,
+        max_output_chars: Annotated[
+            int,
+            Field(
+                ge=_MIN_OUTPUT_CHARS,
+                description="Longest output returned; longer output keeps its head and tail.",
+            ),
+        ] = 5000,
+        *,
+        progress: Progress | None = None,
     ) -> types.CallToolResult:
         """Run `code` in the kernel; output, images and errors shaped for an agent."""
-        if timeout <= 0:
-            return _error(f"timeout must be a positive number of seconds, not {timeout!r}.")
-        if max_output_chars < _MIN_OUTPUT_CHARS:
-            return _error(
-                f"max_output_chars must be at least {_MIN_OUTPUT_CHARS} (got {max_output_chars}); "
-                "long output keeps its head and tail anyway, with the whole saved to a file."
-            )
         output = KeptText(DEFAULT_MAX_OUTPUT_CHARS)
         result: CodeExecutionResult | None = None
         failure: str | None = None
@@ -348,8 +177,33 @@ class ToolSession:
             content.append(_text(" ".join([f"Images saved in the workspace: {paths}", *skipped])))
         return types.CallToolResult(content=content)
 
+    @_tool(
+        title="Register an MCP server",
+        description=(
+            "Connect to an MCP server, generate a typed Python API for its tools in "
+            "`mcptools/<server_name>/` in the workspace, and allow code to call them. Returns the tool "
+            "module names; import one with `from mcptools.<server_name>.<module> import Params, run` "
+            "(`Result` too when the tool declares an output schema) and read its source for the "
+            "parameters.\n\n"
+            '`server_params` for a local server: `{"command": "npx", "args": [...], "env": {...}}`; for '
+            'a remote one: `{"url": "https://.../mcp", "headers": {...}}`. Write secrets as `${VAR}`: '
+            "they are filled in from the server's environment or the workspace's `.env` file and never "
+            "reach the kernel. Registering a name again regenerates its API."
+        ),
+        read_only=False,
+        destructive=False,
+        idempotent=True,
+        open_world=True,
+    )
     async def register_mcp_server(
-        self, server_name: str, server_params: dict[str, Any]
+        self,
+        server_name: Annotated[
+            str,
+            Field(description="Python package name for the server, e.g. 'github' or 'brave_search'."),
+        ],
+        server_params: Annotated[
+            dict[str, Any], Field(description="stdio: command, args, env, cwd; HTTP: url, headers, type.")
+        ],
     ) -> types.CallToolResult:
         """Generate `mcptools/<server_name>/` and record the server for the tool server."""
         from ipybox.mcp_apigen import generate_mcp_sources
@@ -402,7 +256,27 @@ class ToolSession:
             content=[_text(text)], structured_content={"server_name": server_name, "tools": names}
         )
 
-    async def install_package(self, package_name: str) -> types.CallToolResult:
+    @_tool(
+        title="Install a Python package",
+        description=(
+            "Install a Python package for the kernel; it can be imported right after, without a reset. "
+            "Accepts a name with optional extras and version specifiers ('pandas', 'httpx[http2]>=0.28') "
+            "or a 'git+https://...' URL. The installer's error is returned if it fails."
+        ),
+        read_only=False,
+        destructive=False,
+        idempotent=True,
+        open_world=True,
+    )
+    async def install_package(
+        self,
+        package_name: Annotated[
+            str,
+            Field(
+                description="One requirement: 'name', 'name==1.2', 'name[extra]>=1', or 'git+https://...'."
+            ),
+        ],
+    ) -> types.CallToolResult:
         """Install `package_name` and make it importable in the running kernel."""
         try:
             log = await self.installer.install(package_name)
@@ -414,6 +288,17 @@ class ToolSession:
         last = log.splitlines()[-1] if log else ""
         return types.CallToolResult(content=[_text(f"Installed {package_name}. {last}".strip())])
 
+    @_tool(
+        title="Reset the kernel",
+        description=(
+            "Replace the kernel with a fresh one: all variables, imports and definitions are gone. "
+            "Installed packages, registered MCP servers and files in the workspace stay."
+        ),
+        read_only=False,
+        destructive=True,
+        idempotent=True,
+        open_world=False,
+    )
     async def reset(self) -> types.CallToolResult:
         """Give the session a fresh kernel."""
         await self.executor.reset()
@@ -426,7 +311,25 @@ class ToolSession:
             ]
         )
 
-    def upload_file(self, path: str, content_base64: str) -> types.CallToolResult:
+    @_tool(
+        title="Put a file into the workspace",
+        description=(
+            "Write a file into the workspace, where code can read it (the workspace is the working "
+            f"directory). `content_base64` is the file's bytes in base64; at most {_MAX_MIB} MiB. Parent "
+            "folders are created; an existing file is replaced. Paths are relative to the workspace and "
+            "cannot leave it; symbolic links are not followed, and secrets and configuration files (.env, "
+            ".mcp.json, .claude/, .git/, ...) are refused."
+        ),
+        read_only=False,
+        destructive=True,
+        idempotent=True,
+        open_world=False,
+    )
+    async def upload_file(
+        self,
+        path: Annotated[str, Field(description="Path relative to the workspace, e.g. 'data/input.csv'.")],
+        content_base64: Annotated[str, Field(description="The file's bytes, base64-encoded.")],
+    ) -> types.CallToolResult:
         """Write a file into the workspace."""
         try:
             size = _files.write(self.workspace, path, content_base64, rules=self.rules)
@@ -436,7 +339,22 @@ class ToolSession:
             content=[_text(f"Wrote {size} bytes to {_shown(path)} in the workspace.")]
         )
 
-    def download_file(self, path: str) -> types.CallToolResult:
+    @_tool(
+        title="Get a file from the workspace",
+        description=(
+            "Return a file from the workspace (for example one that code wrote) as an embedded resource "
+            f"with base64 content; at most {_MAX_MIB} MiB. Paths are relative to the workspace and cannot "
+            "leave it; symbolic links, files with several hard links and secrets or configuration files "
+            "(.env, .mcp.json, .claude/, .git/, ...) are refused."
+        ),
+        read_only=True,
+        idempotent=True,
+        open_world=False,
+    )
+    async def download_file(
+        self,
+        path: Annotated[str, Field(description="Path relative to the workspace, e.g. 'results/plot.png'.")],
+    ) -> types.CallToolResult:
         """Return a file of the workspace as an embedded resource."""
         try:
             data = _files.read(self.workspace, path, rules=self.rules)
@@ -484,17 +402,4 @@ async def _report_progress(progress: Progress, output: KeptText) -> None:
             sent_at, sent_line = now, line
 
 
-_MISSING = object()
 _IMAGE_WORKERS = anyio.CapacityLimiter(2)
-
-
-def _arg(
-    arguments: Mapping[str, Any], name: str, kind: type | tuple[type, ...], default: Any = _MISSING
-) -> Any:
-    value = arguments.get(name, default)
-    if value is _MISSING:
-        raise ArgumentError(f"The argument {name!r} is missing.")
-    if not isinstance(value, kind) or isinstance(value, bool):
-        expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise ArgumentError(f"The argument {name!r} must be of type {expected}, not {type(value).__name__}.")
-    return value
