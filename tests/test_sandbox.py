@@ -239,7 +239,8 @@ async def test_a_root_kernel_reads_in_etc_only_what_any_user_could(
 ) -> None:
     """S-C (issue 20): a kernel started as root has every file of /etc hidden that an unprivileged
     user could not read, not only the known secrets: a root-only file and a folder only root may
-    enter, both made for the test; the system's configuration stays readable."""
+    enter, both made for the test (also under a custom config); the system's configuration stays
+    readable."""
     async with CodeExecutor(sandbox=True) as ex:
         targets = [str(path) for path in root_only_in_etc]
         found = json.loads(str((await ex.execute(READ_EACH.format(paths=targets))).text))
@@ -253,6 +254,10 @@ async def test_a_root_kernel_reads_in_etc_only_what_any_user_could(
         )
         assert json.loads(str((await ex.execute(checks)).text)) == ["root", "root", "root", True, True]
         assert "os-release" in str((await ex.execute("!ls /etc")).text)
+    # A rule of ipybox's own, kept under a custom config.
+    async with CodeExecutor(sandbox=True, sandbox_config=ROOT / "examples" / "sandbox-kernel.json") as ex:
+        found = json.loads(str((await ex.execute(READ_EACH.format(paths=targets))).text))
+        assert all(_unread(found[path]) for path in targets), found
 
 
 @pytest.fixture

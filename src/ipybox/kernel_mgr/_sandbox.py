@@ -13,8 +13,9 @@ sockets live, ``.env`` and the credential files, on Linux everything outside the
 (`SYSTEM_READABLE`), and allow writes only to the working directory and the private folders
 (which hold the kernel's temporary, IPython and Jupyter folders). A custom settings file
 replaces the defaults, but `sandbox_settings` always adds the rules the rest of ipybox depends
-on: the protected names in the working directory, the credential files, the trusted registry,
-the kernel's Python and its tool socket.
+on: the protected names in the working directory, the credential files (and, for a kernel
+started as root, what only root may read in ``/etc``), the secrets of the folders the kernel
+imports from outside its Python, the trusted registry, the kernel's Python and its tool socket.
 
 srt and the gateway run in a private folder, never in the working directory (`_kernel_launch.wrap`); the
 protected names missing in the working directory are held by stand-ins that ipybox makes and
@@ -153,7 +154,8 @@ SYSTEM_SECRETS = (
 )
 """Secrets in ``/etc`` that only root can read (password hashes, host and TLS keys, Wi-Fi and VPN
 keys), hidden by the default settings whoever starts the kernel. A kernel started as root also
-has every other file of ``/etc`` hidden that an unprivileged user could not read (`root_only`)."""
+has every other file of ``/etc`` hidden that an unprivileged user could not read, whatever the
+settings (`root_only`, added by `sandbox_settings`)."""
 
 IMPORT_PATH_SECRETS = (
     ".env",
@@ -279,8 +281,6 @@ def default_settings(working_dir: Path) -> dict[str, Any]:
         # srt expands a denied "/" into every entry of "/" that no allowRead entry covers, when
         # each kernel starts (a link such as /lib -> usr/lib counts as where it leads).
         hidden = ["/", *hidden, *SYSTEM_SECRETS]
-        if os.geteuid() == 0:
-            hidden += [path for path in root_only() if path not in hidden]
         readable += SYSTEM_READABLE
     return {
         "network": {"allowedDomains": [], "deniedDomains": []},
@@ -455,10 +455,13 @@ def sandbox_settings(
     # The `.env` files of the folders above the working directory hold secrets too (a project
     # whose kernel works in a subfolder); only existing ones, so that srt leaves no stand-ins there.
     parent_env = [str(folder / ".env") for folder in working_dir.parents if (folder / ".env").is_file()]
+    # A kernel started as root reads in /etc only what any user could, whatever the config says.
+    as_root = root_only() if sys.platform == "linux" and os.geteuid() == 0 else ()
     for path in [
         str(private_base()),
         *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES),
         *parent_env,
+        *as_root,
         *(str(folder) for folder in hidden),
     ]:
         if path not in deny_read:
@@ -503,7 +506,9 @@ def import_path_secrets(folder: Path, working_dir: Path) -> list[str]:
     """The secrets (`IMPORT_PATH_SECRETS` and ``.env.*`` files that exist) in `folder`, a folder the
     kernel reads because it imports from it, unless `folder` lies in the kernel's own Python or is
     `working_dir` (whose rules are the working directory's). Only `folder` itself is looked in."""
-    if folder == working_dir.resolve() or any(folder.is_relative_to(Path(prefix).resolve()) for prefix in _prefixes()):
+    if folder == working_dir.resolve() or any(
+        folder.is_relative_to(Path(prefix).resolve()) for prefix in _prefixes()
+    ):
         return []
     try:
         with os.scandir(folder) as entries:
