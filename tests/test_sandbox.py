@@ -7,7 +7,9 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
+import sysconfig
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -188,6 +190,140 @@ async def test_the_disk_outside_the_kernels_folders_and_the_system_cannot_be_rea
     finally:
         if secret_dir is not None:
             shutil.rmtree(secret_dir)
+
+
+# Kernel code: what each of PATHS (a list) gives, its first bytes or the error's class name.
+READ_EACH = """
+import json, os
+found = {{}}
+for path in {paths!r}:
+    try:
+        if os.path.isdir(path):
+            found[path] = sorted(os.listdir(path))
+        else:
+            with open(path, "rb") as f:
+                found[path] = f.read(40).decode(errors="replace")
+    except OSError as exc:
+        found[path] = type(exc).__name__
+print(json.dumps(found))
+"""
+
+
+def _unread(found: object) -> bool:
+    """Whether what READ_EACH found shows nothing of a secret (an error, an empty stand-in)."""
+    return found in ("PermissionError", "FileNotFoundError", "", [])
+
+
+@pytest.fixture
+def root_only_in_etc() -> Iterator[list[Path]]:
+    """A file and a folder (with a file readable by all inside) in /etc that only root may read."""
+    if sys.platform != "linux" or os.geteuid() != 0:
+        pytest.skip("root-only files in /etc are hidden from kernels started as root, on Linux")
+    name = f"/etc/ipybox-test-{os.urandom(6).hex()}"
+    secret_file, secret_dir = Path(name), Path(name + "-dir")
+    fd = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, b"ROOT-SECRET")
+    os.close(fd)
+    secret_dir.mkdir(mode=0o700)
+    (secret_dir / "key.json").write_text("ROOT-SECRET")
+    os.chmod(secret_dir / "key.json", 0o644)
+    try:
+        yield [secret_file, secret_dir, secret_dir / "key.json"]
+    finally:
+        secret_file.unlink()
+        shutil.rmtree(secret_dir)
+
+
+async def test_a_root_kernel_reads_in_etc_only_what_any_user_could(
+    workdir: Path, root_only_in_etc: list[Path]
+) -> None:
+    """S-C (issue 20): a kernel started as root has every file of /etc hidden that an unprivileged
+    user could not read, not only the known secrets: a root-only file and a folder only root may
+    enter, both made for the test (also under a custom config); the system's configuration stays
+    readable."""
+    async with CodeExecutor(sandbox=True) as ex:
+        targets = [str(path) for path in root_only_in_etc]
+        found = json.loads(str((await ex.execute(READ_EACH.format(paths=targets))).text))
+        assert all(_unread(found[path]) for path in targets), found
+        checks = (
+            "import getpass, json, locale, pwd, grp, socket, ssl, time\n"
+            "ssl.create_default_context()\n"
+            "locale.setlocale(locale.LC_ALL, '')\n"
+            "print(json.dumps([pwd.getpwuid(0).pw_name, grp.getgrgid(0).gr_name, getpass.getuser(),"
+            " bool(open('/etc/os-release').read()), bool(time.tzname)]))"
+        )
+        assert json.loads(str((await ex.execute(checks)).text)) == ["root", "root", "root", True, True]
+        assert "os-release" in str((await ex.execute("!ls /etc")).text)
+    # A rule of ipybox's own, kept under a custom config.
+    async with CodeExecutor(sandbox=True, sandbox_config=ROOT / "examples" / "sandbox-kernel.json") as ex:
+        found = json.loads(str((await ex.execute(READ_EACH.format(paths=targets))).text))
+        assert all(_unread(found[path]) for path in targets), found
+
+
+@pytest.fixture
+def scratch_venv(tmp_path: Path) -> Path:
+    """The Python of a new virtual environment whose path holds this one's packages."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    site_packages = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+    ours = sysconfig.get_paths()["purelib"]
+    (Path(site_packages) / "ipybox_test_packages.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    return python
+
+
+def _project(folder: Path, module: str) -> Path:
+    (folder / ".git").mkdir(parents=True)
+    (folder / ".git" / "config").write_text("[remote] url = https://token@example.com\n")
+    (folder / ".env").write_text("API_KEY=import-path-secret\n")
+    (folder / ".env.local").write_text("API_KEY=import-path-secret\n")
+    (folder / f"{module}.py").write_text("VALUE = 42\n")
+    return folder
+
+
+async def test_a_folder_the_kernel_imports_from_keeps_its_secrets(
+    workdir: Path, tmp_path: Path, scratch_venv: Path
+) -> None:
+    """S-D (issue 20): a project opened through a `.pth` in the interpreter's site-packages (a
+    flat-layout editable install), and another through PYTHONPATH, are importable but their `.env`,
+    `.env.*` and `.git` stay hidden. The kernel's Python is the application's: the application runs
+    here with a scratch virtual environment's Python (this one's is left as it is)."""
+    flat = _project(tmp_path / "flat-project", "flat_module")
+    on_path = _project(tmp_path / "pythonpath-project", "pythonpath_module")
+    site_packages = next(scratch_venv.parent.parent.glob("lib/python*/site-packages"))
+    (site_packages / "flat_project.pth").write_text(f"{flat}\n")
+    secrets = [str(p / n) for p in (flat, on_path) for n in (".env", ".env.local", ".git/config", ".git")]
+    kernel = READ_EACH.format(paths=secrets) + (
+        "import flat_module, pythonpath_module\nprint(flat_module.VALUE + pythonpath_module.VALUE)\n"
+    )
+    driver = (
+        "import asyncio\n"
+        "from ipybox import CodeExecutor\n"
+        "async def main():\n"
+        f"    async with CodeExecutor(sandbox=True, kernel_env={{'PYTHONPATH': {str(on_path)!r}}}) as ex:\n"
+        f"        print((await ex.execute({kernel!r}, timeout=60)).text)\n"
+        "asyncio.run(main())\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        str(scratch_venv),
+        "-c",
+        driver,
+        cwd=workdir,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 300)
+    assert process.returncode == 0, stderr.decode()[-3000:]
+    lines = stdout.decode().strip().splitlines()
+    assert lines[-1] == "84", lines
+    found = json.loads(lines[-2])
+    assert all(_unread(found[path]) for path in secrets), found
 
 
 async def test_credential_files_stay_hidden_under_a_config_that_opens_the_home_folder(workdir: Path) -> None:

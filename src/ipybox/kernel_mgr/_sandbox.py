@@ -13,8 +13,9 @@ sockets live, ``.env`` and the credential files, on Linux everything outside the
 (`SYSTEM_READABLE`), and allow writes only to the working directory and the private folders
 (which hold the kernel's temporary, IPython and Jupyter folders). A custom settings file
 replaces the defaults, but `sandbox_settings` always adds the rules the rest of ipybox depends
-on: the protected names in the working directory, the credential files, the trusted registry,
-the kernel's Python and its tool socket.
+on: the protected names in the working directory, the credential files (and, for a kernel
+started as root, what only root may read in ``/etc``), the secrets of the folders the kernel
+imports from outside its Python, the trusted registry, the kernel's Python and its tool socket.
 
 srt and the gateway run in a private folder, never in the working directory (`_kernel_launch.wrap`); the
 protected names missing in the working directory are held by stand-ins that ipybox makes and
@@ -152,7 +153,30 @@ SYSTEM_SECRETS = (
     "/etc/NetworkManager/system-connections",
 )
 """Secrets in ``/etc`` that only root can read (password hashes, host and TLS keys, Wi-Fi and VPN
-keys), hidden by the default settings from a kernel started as root."""
+keys), hidden by the default settings whoever starts the kernel. A kernel started as root also
+has every other file of ``/etc`` hidden that an unprivileged user could not read, whatever the
+settings (`root_only`, added by `sandbox_settings`)."""
+
+IMPORT_PATH_SECRETS = (
+    ".env",
+    ".git",
+    ".netrc",
+    ".npmrc",
+    ".pypirc",
+    ".pgpass",
+    ".git-credentials",
+    ".vault-token",
+    ".ssh",
+    ".aws",
+    ".docker",
+    ".kube",
+    ".gnupg",
+)
+"""Names hidden in a folder the kernel imports from outside its Python (a flat-layout editable
+install, a ``PYTHONPATH`` entry), besides every ``.env.*`` file there (`import_path_secrets`)."""
+
+_ROOT_ONLY_LIMIT = 50_000
+"""How many entries of ``/etc`` `root_only` looks at, at most."""
 
 
 def find_srt() -> str:
@@ -269,6 +293,60 @@ def default_settings(working_dir: Path) -> dict[str, Any]:
     }
 
 
+_root_only_cache: tuple[dict[str, tuple[int, int]], tuple[str, ...]] | None = None
+
+
+def root_only() -> tuple[str, ...]:
+    """The files and folders in ``/etc`` that an unprivileged user cannot read: files not readable by
+    all, folders not readable and searchable by all (whose content is not looked at). Links are
+    not followed (where one leads inside ``/etc``, its target is listed if it has to be).
+
+    Walked once per process and again when a folder in it changed (a file made or removed), at
+    most `_ROOT_ONLY_LIMIT` entries; a file whose mode alone changed since goes unnoticed until then.
+    """
+    global _root_only_cache
+    if _root_only_cache is not None and _unchanged(_root_only_cache[0]):
+        return _root_only_cache[1]
+    stamps: dict[str, tuple[int, int]] = {}
+    found: list[str] = []
+    folders = ["/etc"]
+    seen = 0
+    while folders and seen < _ROOT_ONLY_LIMIT:
+        folder = folders.pop()
+        try:
+            info = os.stat(folder, follow_symlinks=False)
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        stamps[folder] = (info.st_mtime_ns, info.st_ino)
+        for entry in entries:
+            seen += 1
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            if stat.S_ISDIR(mode):
+                if mode & 0o005 != 0o005:
+                    found.append(entry.path)
+                else:
+                    folders.append(entry.path)
+            elif stat.S_ISREG(mode) and not mode & 0o004:
+                found.append(entry.path)
+    _root_only_cache = (stamps, tuple(sorted(found)))
+    return _root_only_cache[1]
+
+
+def _unchanged(stamps: dict[str, tuple[int, int]]) -> bool:
+    for folder, stamp in stamps.items():
+        try:
+            info = os.stat(folder, follow_symlinks=False)
+        except OSError:
+            return False
+        if (info.st_mtime_ns, info.st_ino) != stamp:
+            return False
+    return True
+
+
 def srt_support(srt: str) -> list[Path]:
     """What srt runs inside the sandbox from its own package (its seccomp helper, which must stay
     readable where the settings hide the folder srt is installed in); none when `srt` is not the
@@ -280,18 +358,22 @@ def srt_support(srt: str) -> list[Path]:
     return []
 
 
-def python_paths(home: Path) -> list[str]:
-    """The folders the kernel's Python (this interpreter) imports from: its prefixes, its real
-    location and the ``sys.path`` a fresh interpreter gets (site-packages and what editable
-    installs add; not the application's own additions). None that is the home folder or holds it."""
-    candidates = [
+def _prefixes() -> list[str]:
+    """Where the kernel's Python (this interpreter) is installed: its prefixes and real location."""
+    return [
         sys.prefix,
         sys.base_prefix,
         sys.exec_prefix,
         sys.base_exec_prefix,
         str(Path(os.path.realpath(sys.executable)).parent.parent),
-        *_kernel_sys_path(),
     ]
+
+
+def python_paths(home: Path) -> list[str]:
+    """The folders the kernel's Python (this interpreter) imports from: its prefixes, its real
+    location and the ``sys.path`` a fresh interpreter gets (site-packages and what editable
+    installs add; not the application's own additions). None that is the home folder or holds it."""
+    candidates = [*_prefixes(), *_kernel_sys_path()]
     paths: list[str] = []
     for candidate in candidates:
         path = Path(candidate).resolve()
@@ -373,10 +455,13 @@ def sandbox_settings(
     # The `.env` files of the folders above the working directory hold secrets too (a project
     # whose kernel works in a subfolder); only existing ones, so that srt leaves no stand-ins there.
     parent_env = [str(folder / ".env") for folder in working_dir.parents if (folder / ".env").is_file()]
+    # A kernel started as root reads in /etc only what any user could, whatever the config says.
+    as_root = root_only() if sys.platform == "linux" and os.geteuid() == 0 else ()
     for path in [
         str(private_base()),
         *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES),
         *parent_env,
+        *as_root,
         *(str(folder) for folder in hidden),
     ]:
         if path not in deny_read:
@@ -398,15 +483,43 @@ def sandbox_settings(
     extra = [str(path) for path in readable]
     if hidden:
         extra.append(str(working_dir))
-    for path in [*python_paths(Path.home()), *extra, *([str(tool_socket.parent)] if tool_socket else [])]:
+    imported = [*python_paths(Path.home()), *extra]
+    for path in [*imported, *([str(tool_socket.parent)] if tool_socket else [])]:
         if path not in allow_read:
             allow_read.append(path)
+    # A folder imported from outside the kernel's Python is readable whole (a flat-layout editable
+    # install's project, a PYTHONPATH entry): its secrets stay hidden (denyRead of a name inside
+    # wins over allowRead of its folder).
+    for folder in imported:
+        for path in import_path_secrets(Path(folder).resolve(), working_dir):
+            if path not in deny_read:
+                deny_read.append(path)
     if hidden:
         # srt re-opens what allowRead and allowWrite name inside a denied folder: inside a hidden
         # one, only the working directory may be.
         for key in ("allowRead", "allowWrite"):
             filesystem[key] = [path for path in filesystem[key] if not _reopens(path, hidden, working_dir)]
     return settings
+
+
+def import_path_secrets(folder: Path, working_dir: Path) -> list[str]:
+    """The secrets (`IMPORT_PATH_SECRETS` and ``.env.*`` files that exist) in `folder`, a folder the
+    kernel reads because it imports from it, unless `folder` lies in the kernel's own Python or is
+    `working_dir` (whose rules are the working directory's). Only `folder` itself is looked in."""
+    if folder == working_dir.resolve() or any(
+        folder.is_relative_to(Path(prefix).resolve()) for prefix in _prefixes()
+    ):
+        return []
+    try:
+        with os.scandir(folder) as entries:
+            names = [entry.name for entry in entries]
+    except OSError:
+        return []
+    return [
+        str(folder / name)
+        for name in sorted(names)
+        if name in IMPORT_PATH_SECRETS or name.startswith(".env.")
+    ]
 
 
 def _reopens(path: object, hidden: tuple[Path, ...], working_dir: Path) -> bool:
