@@ -153,12 +153,14 @@ async def test_nothing_in_the_home_folder_can_be_read(executor: CodeExecutor) ->
 
 
 async def test_the_disk_outside_the_kernels_folders_and_the_system_cannot_be_read(workdir: Path) -> None:
-    """Deny by default (issue 20): a secret in a top-level folder made for the test (as root; else in
-    /srv or /opt where writable) and the files of the clone ipybox runs from are hidden; the system,
+    """Deny by default (issue 20): a secret in a folder made for the test outside the home folder
+    and /tmp (in /srv, /opt or /mnt where writable) and the files of the clone ipybox runs from are hidden; the system,
     the kernel's own Python and its working directory stay readable."""
     if sys.platform != "linux":
         pytest.skip("the default settings hide the rest of the disk on Linux only")
-    parent = next((p for p in ("/", "/srv", "/opt", "/mnt") if os.access(p, os.W_OK)), None)
+    # Inside an existing top-level folder where one is writable: a new entry of "/" that vanishes
+    # while another sandbox starts (a second test run on the machine) fails that start.
+    parent = next((p for p in ("/srv", "/opt", "/mnt", "/") if os.access(p, os.W_OK)), None)
     secret_dir = Path(tempfile.mkdtemp(prefix="ipybox-disk-attack-", dir=parent)) if parent else None
     targets = [ROOT / "README.md", ROOT / "pyproject.toml"]
     if secret_dir is not None:
