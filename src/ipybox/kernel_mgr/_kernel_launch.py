@@ -19,6 +19,11 @@ the kernel spec: srt, the gateway's settings, folders and lock. The script:
   bwrap) is killed. Nothing in the sandbox can stop it: it sees none of these processes. The
   watcher ends with srt (``PR_SET_PDEATHSIG``), so a kernel shut down normally leaves nothing
   behind.
+- Gives the kernel an IPC namespace of its own (Linux): srt's bwrap shares the host's, where the
+  kernel could attach to the SysV shared memory, semaphores and message queues of any process of
+  the same user and leave its own behind. Not being root, this takes a user namespace that maps
+  the user's uid and gid to themselves; srt's bwrap nests its own in it. If the system allows
+  neither, the kernel does not start.
 
 It then becomes srt (through the limits launcher when there are limits), so the gateway's
 signals reach srt directly.
@@ -40,6 +45,8 @@ if TYPE_CHECKING:  # typing costs milliseconds at every kernel start
 SETTINGS_SUFFIX = ".srt-settings.json"
 """The kernel's own srt settings are its folder's path with this suffix."""
 _PR_SET_PDEATHSIG = 1
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWUSER = 0x10000000
 _GRACE = 5.0
 
 
@@ -135,9 +142,32 @@ def _end_with_parent(parent: int) -> None:
     threading.Thread(target=poll, daemon=True).start()
 
 
+def _own_ipc_namespace() -> None:
+    """Move this process (and so srt and the kernel) into a new IPC namespace (Linux only)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWIPC) == 0:  # root, or CAP_SYS_ADMIN
+        return
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWIPC) != 0:
+        error = ctypes.get_errno()
+        raise RuntimeError(
+            f"the kernel needs an IPC namespace of its own, and this system refused a user namespace "
+            f"to make one ({os.strerror(error)}): allow unprivileged user namespaces (on Ubuntu: "
+            "sysctl kernel.apparmor_restrict_unprivileged_userns=0), or run as root"
+        )
+    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as file:
+            file.write(line)
+
+
 def _launch(spec: dict[str, Any], connection_file: str, argv: list[str]) -> None:
     settings_file, tmp = _private_folders(spec, connection_file)
     _end_with_gateway(spec["lock"])
+    _own_ipc_namespace()
     command = [*spec["prefix"], *wrap(spec["srt"], settings_file, argv, tmp, spec["working_dir"])]
     os.execvp(command[0], command)
 
