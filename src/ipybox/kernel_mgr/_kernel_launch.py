@@ -48,6 +48,7 @@ _PR_SET_PDEATHSIG = 1
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
 _GRACE = 5.0
+_OWN_IPC = "--own-ipc"
 
 
 def wrap(srt: str, settings_file: str, argv: list[str], tmp_dir: str, working_dir: str) -> list[str]:
@@ -164,6 +165,17 @@ def _own_ipc_namespace() -> None:
             file.write(line)
 
 
+def in_own_ipc_namespace(command: list[str]) -> list[str]:
+    """`command`, run through this script in an IPC namespace of its own on Linux.
+
+    For the other programs ipybox runs in srt on behalf of a kernel (approved shell commands,
+    package installs). If the namespace cannot be made, the script writes why and exits with 1.
+    """
+    if sys.platform != "linux":
+        return command
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), _OWN_IPC, *command]
+
+
 def _launch(spec: dict[str, Any], connection_file: str, argv: list[str]) -> None:
     settings_file, tmp = _private_folders(spec, connection_file)
     _end_with_gateway(spec["lock"])
@@ -172,7 +184,14 @@ def _launch(spec: dict[str, Any], connection_file: str, argv: list[str]) -> None
     os.execvp(command[0], command)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1] == _OWN_IPC:
+    try:
+        _own_ipc_namespace()
+    except Exception as exc:
+        print(f"ipybox could not prepare the sandbox: {exc}", file=sys.stderr)
+        sys.exit(1)
+    os.execvp(sys.argv[2], sys.argv[2:])
+elif __name__ == "__main__":
     try:
         _launch(json.loads(sys.argv[1]), sys.argv[2], sys.argv[4:])
     except Exception as exc:
