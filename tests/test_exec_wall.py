@@ -8,6 +8,7 @@ work once accepted (they run on the tool server, in a sandbox of their own).
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -323,3 +324,19 @@ async def test_without_landlock_the_start_fails_and_says_what_to_do(
     with pytest.raises(SandboxUnavailableError, match="approve_shell_cmds=False"):
         async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir):
             pass
+
+
+async def test_an_accepted_command_sees_no_ipc_object_of_the_host(walled: CodeExecutor) -> None:
+    # A SysV segment of this process (0600): an approved command sees none of the host's.
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x1C000000 | (os.getpid() & 0xFFFFFF)
+    shmid = libc.shmget(key, 4096, 0o1000 | 0o600)
+    assert shmid >= 0, os.strerror(ctypes.get_errno())
+    try:
+        assert str(key) in await asyncio.to_thread(Path("/proc/sysvipc/shm").read_text)
+        items = await run(walled, "!cat /proc/sysvipc/shm")
+        result = items[-1]
+        assert isinstance(result, CodeExecutionResult) and result.text is not None
+        assert "shmid" in result.text and str(key) not in result.text, result.text
+    finally:
+        libc.shmctl(shmid, 0, None)

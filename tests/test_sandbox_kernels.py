@@ -4,13 +4,15 @@ later kernels (private folders), and a kernel that tries to outlive its gateway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 from pathlib import Path
 
 import psutil
 import pytest
 
-from ipybox import CodeExecutor
+from ipybox import CodeExecutionError, CodeExecutor
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.sandbox_support import require_sandbox
@@ -87,6 +89,20 @@ print(open(f"/proc/{detached.pid}/cmdline").read().split("\\0"))
 """
 
 
+# Kernel code: replace this kernel's ZMQ socket files with links to a Unix socket of the host, then
+# die, so that the gateway, reconnecting, would follow them.
+PLANT_LINKS = """
+import os
+from ipykernel.connect import get_connection_file
+folder = os.path.dirname(get_connection_file())
+for name in os.listdir(folder):
+    if name.startswith("ipc-"):
+        os.unlink(os.path.join(folder, name))
+        os.symlink(HOST, os.path.join(folder, name))
+os._exit(1)
+"""
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     require_sandbox()
@@ -132,3 +148,25 @@ async def test_a_sandboxed_kernel_that_defends_itself_ends_with_its_killed_gatew
         for proc in alive:
             proc.kill()
         assert alive == [], f"still running after the gateway was killed: {alive}"
+
+
+async def test_the_gateway_follows_no_link_planted_in_place_of_a_kernel_socket(project: Path) -> None:
+    host = project.parent / "host.sock"
+    listener = socket.socket(socket.AF_UNIX)
+    listener.bind(str(host))
+    listener.listen(64)
+    listener.setblocking(False)
+    try:
+        async with CodeExecutor(sandbox=True, working_dir=project, spare_kernel=False) as executor:
+            with pytest.raises(CodeExecutionError, match="died"):
+                await executor.execute(PLANT_LINKS.replace("HOST", repr(str(host))))
+            # The client saw the kernel die (the gateway noticed it) and works with a new kernel.
+            assert (await executor.execute("print(1)")).text == "1"
+        connections = 0
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                listener.accept()[0].close()
+                connections += 1
+        assert connections == 0, "the gateway connected to the host's socket through the planted links"
+    finally:
+        listener.close()

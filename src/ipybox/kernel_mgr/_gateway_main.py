@@ -69,10 +69,14 @@ MappingKernelManager.start_watching_activity = _watch_activity_lightly  # type: 
 # (see ipybox.kernel_mgr._kernel_launch).
 _GATEWAY_LOCK = os.environ.get("IPYBOX_GATEWAY_LOCK")
 if _GATEWAY_LOCK:
+    import asyncio
     import fcntl
     import shutil
+    import stat
     import tempfile
+    import time
 
+    from jupyter_client.manager import KernelManager
     from jupyter_client.multikernelmanager import MultiKernelManager
 
     _RUNTIME = os.path.dirname(_GATEWAY_LOCK)
@@ -95,6 +99,53 @@ if _GATEWAY_LOCK:
 
     MultiKernelManager.pre_start_kernel = _pre_start_in_own_folder  # type: ignore[method-assign]
 
+    _LINKS = ".links"
+    """The gateway connects to a kernel's sockets through hard links in its folder with this suffix."""
+    _KERNEL_CHANNELS = ("shell", "iopub", "stdin", "control", "hb")
+    _BIND_TIMEOUT = 120.0
+    _post_start = KernelManager._async_post_start_kernel
+    _make_url = KernelManager._make_url
+
+    async def _post_start_through_links(self: KernelManager, **kw: Any) -> None:
+        """Connect to the kernel's sockets only through hard links out of the kernel's reach.
+
+        The kernel can replace the socket files in its folder with links to any Unix socket of
+        the host, which ZMQ would follow when it reconnects (after the kernel closed a socket or
+        died). Once the kernel has bound them, each socket file is hard-linked into a folder
+        beside the kernel's, which it cannot see: the links name the sockets the kernel bound and
+        nothing else, and lead nowhere once it has ended.
+        """
+        folder = os.path.dirname(self.connection_file)
+        if self.transport == "ipc" and os.path.dirname(folder) == _RUNTIME:
+            links = folder + _LINKS
+            os.makedirs(links, 0o700, exist_ok=True)
+            deadline = time.monotonic() + _BIND_TIMEOUT
+            for channel in _KERNEL_CHANNELS:
+                path = f"{self.ip}-{getattr(self, channel + '_port')}"
+                link = os.path.join(links, os.path.basename(path))
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(link)  # a restarted kernel's sockets are new ones
+                while True:
+                    try:
+                        os.link(path, link, follow_symlinks=False)
+                        break
+                    except FileNotFoundError:
+                        if time.monotonic() > deadline or not await self._async_is_alive():
+                            raise RuntimeError(f"the kernel did not bind its {channel} socket") from None
+                        await asyncio.sleep(0.005)
+                if not stat.S_ISSOCK(os.lstat(link).st_mode):
+                    raise RuntimeError(f"the kernel's {channel} socket {path} is not a socket")
+            self._ipybox_links = links  # type: ignore[attr-defined]
+        await _post_start(self, **kw)
+
+    def _make_url_through_links(self: KernelManager, channel: str) -> str:
+        url = _make_url(self, channel)
+        links = getattr(self, "_ipybox_links", None)
+        return url if links is None else "ipc://" + os.path.join(links, os.path.basename(url))
+
+    KernelManager._async_post_start_kernel = _post_start_through_links  # type: ignore[method-assign]
+    KernelManager._make_url = _make_url_through_links  # type: ignore[method-assign,assignment]
+
     _cleanup_folder = LocalProvisioner.cleanup
 
     async def _cleanup_and_remove_folder(self: LocalProvisioner, restart: bool = False) -> None:
@@ -104,6 +155,7 @@ if _GATEWAY_LOCK:
         folder = os.path.dirname(connection_file)
         if not restart and connection_file and os.path.dirname(folder) == _RUNTIME:
             shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder + _LINKS, ignore_errors=True)
             with contextlib.suppress(OSError):
                 os.remove(folder + _kernel_launch.SETTINGS_SUFFIX)
 

@@ -19,6 +19,11 @@ the kernel spec: srt, the gateway's settings, folders and lock. The script:
   bwrap) is killed. Nothing in the sandbox can stop it: it sees none of these processes. The
   watcher ends with srt (``PR_SET_PDEATHSIG``), so a kernel shut down normally leaves nothing
   behind.
+- Gives the kernel an IPC namespace of its own (Linux): srt's bwrap shares the host's, where the
+  kernel could attach to the SysV shared memory, semaphores and message queues of any process of
+  the same user and leave its own behind. Not being root, this takes a user namespace that maps
+  the user's uid and gid to themselves; srt's bwrap nests its own in it. If the system allows
+  neither, the kernel does not start.
 
 It then becomes srt (through the limits launcher when there are limits), so the gateway's
 signals reach srt directly.
@@ -40,7 +45,10 @@ if TYPE_CHECKING:  # typing costs milliseconds at every kernel start
 SETTINGS_SUFFIX = ".srt-settings.json"
 """The kernel's own srt settings are its folder's path with this suffix."""
 _PR_SET_PDEATHSIG = 1
+_CLONE_NEWIPC = 0x08000000
+_CLONE_NEWUSER = 0x10000000
 _GRACE = 5.0
+_OWN_IPC = "--own-ipc"
 
 
 def wrap(srt: str, settings_file: str, argv: list[str], tmp_dir: str, working_dir: str) -> list[str]:
@@ -135,14 +143,55 @@ def _end_with_parent(parent: int) -> None:
     threading.Thread(target=poll, daemon=True).start()
 
 
+def _own_ipc_namespace() -> None:
+    """Move this process (and so srt and the kernel) into a new IPC namespace (Linux only)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWIPC) == 0:  # root, or CAP_SYS_ADMIN
+        return
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWIPC) != 0:
+        error = ctypes.get_errno()
+        raise RuntimeError(
+            f"the kernel needs an IPC namespace of its own, and this system refused a user namespace "
+            f"to make one ({os.strerror(error)}): allow unprivileged user namespaces (on Ubuntu: "
+            "sysctl kernel.apparmor_restrict_unprivileged_userns=0), or run as root"
+        )
+    for name, line in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+        with open(f"/proc/self/{name}", "w") as file:
+            file.write(line)
+
+
+def in_own_ipc_namespace(command: list[str]) -> list[str]:
+    """`command`, run through this script in an IPC namespace of its own on Linux.
+
+    For the other programs ipybox runs in srt on behalf of a kernel (approved shell commands,
+    package installs). If the namespace cannot be made, the script writes why and exits with 1.
+    """
+    if sys.platform != "linux":
+        return command
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), _OWN_IPC, *command]
+
+
 def _launch(spec: dict[str, Any], connection_file: str, argv: list[str]) -> None:
     settings_file, tmp = _private_folders(spec, connection_file)
     _end_with_gateway(spec["lock"])
+    _own_ipc_namespace()
     command = [*spec["prefix"], *wrap(spec["srt"], settings_file, argv, tmp, spec["working_dir"])]
     os.execvp(command[0], command)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1] == _OWN_IPC:
+    try:
+        _own_ipc_namespace()
+    except Exception as exc:
+        print(f"ipybox could not prepare the sandbox: {exc}", file=sys.stderr)
+        sys.exit(1)
+    os.execvp(sys.argv[2], sys.argv[2:])
+elif __name__ == "__main__":
     try:
         _launch(json.loads(sys.argv[1]), sys.argv[2], sys.argv[4:])
     except Exception as exc:

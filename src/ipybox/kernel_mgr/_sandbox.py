@@ -42,6 +42,7 @@ from typing import Any
 import psutil
 
 from ipybox.errors import SandboxUnavailableError
+from ipybox.kernel_mgr import _kernel_launch
 
 SRT_VERSION = "0.0.78"
 """The sandbox-runtime version ipybox is tested with (``scripts/srt/package.json``)."""
@@ -537,19 +538,17 @@ def _absolute(path: object, working_dir: Path) -> object:
 
 
 async def check(srt: str, settings_file: Path, tmp_dir: Path, cwd: Path, timeout: float = 30) -> None:
-    """Run ``true`` under the settings once, so that a sandbox that cannot start fails the
+    """Run ``true`` under the settings once (in an IPC namespace of its own), so that a sandbox that cannot start fails the
     gateway's start with srt's own words rather than a kernel that never comes up.
 
     Raises:
         SandboxUnavailableError: srt refused the settings or could not set up the sandbox.
     """
     env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(Path.home()), "TMPDIR": str(tmp_dir)}
+    # In an IPC namespace of its own, as the kernel will be: a system that refuses one fails here.
+    command = _kernel_launch.in_own_ipc_namespace([srt, "--settings", str(settings_file), "-c", "true"])
     process = await asyncio.create_subprocess_exec(
-        srt,
-        "--settings",
-        str(settings_file),
-        "-c",
-        "true",
+        *command,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,

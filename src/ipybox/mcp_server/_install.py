@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from ipybox.kernel_mgr import _sandbox
+from ipybox.kernel_mgr import _kernel_launch, _sandbox
 from ipybox.tool_exec._registry import default_registry_path
 
 _OUTPUT_LIMIT = 4000
@@ -205,7 +205,10 @@ class Installer:
         }
         settings_file = private / "srt-settings.json"
         settings_file.write_text(json.dumps(settings))
-        return [srt, "--settings", str(settings_file), "-c", f"exec {shlex.join(command)}"]
+        # In an IPC namespace of its own, like a kernel (srt's bwrap shares the host's).
+        return _kernel_launch.in_own_ipc_namespace(
+            [srt, "--settings", str(settings_file), "-c", f"exec {shlex.join(command)}"]
+        )
 
     async def _run(self, command: list[str], package: str, private: Path, timeout: float) -> str:
         try:

@@ -20,6 +20,8 @@ from typing import Any
 
 from ipybox._infra import kill_tree
 
+from ipybox.kernel_mgr import _kernel_launch
+
 __all__ = ["ShellResult", "ShellRunner"]
 
 DEFAULT_SHELL_TIMEOUT = 3600.0
@@ -72,7 +74,10 @@ class ShellRunner:
             f"cd {shlex.quote(cwd)} && TMPDIR={shlex.quote(str(self.tmp_dir))} PATH={shlex.quote(self.path)}"
         )
         inner += f" exec {shlex.join(argv)}"
-        return [self.srt, "--settings", str(self.settings_file), "-c", inner]
+        # In an IPC namespace of its own, like the kernel's (srt's bwrap shares the host's).
+        return _kernel_launch.in_own_ipc_namespace(
+            [self.srt, "--settings", str(self.settings_file), "-c", inner]
+        )
 
     async def run(self, argv: list[str], *, cwd: str, stdin: bytes | None, merge: bool) -> ShellResult:
         """Run `argv` to its end (or its timeout, or its output limit) and return what it wrote.
