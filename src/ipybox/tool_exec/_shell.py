@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ipybox._infra import kill_tree
-
 from ipybox.kernel_mgr import _kernel_launch
 
 __all__ = ["ShellResult", "ShellRunner"]
