@@ -89,6 +89,39 @@ async def fig_execute(args: argparse.Namespace) -> dict[str, Any]:
     return summary(samples)
 
 
+# 2 MiB of output in one cell: 16384 lines of 128 characters (newline included).
+LARGE_OUTPUT = 'print(("x" * 127 + "\\n") * 16384, end="")'
+LARGE_OUTPUT_CHARS = 128 * 16384
+
+
+async def fig_large_output(args: argparse.Namespace) -> dict[str, Any]:
+    """`KernelClient.execute` of a cell that prints 2 MiB, until its whole text is back."""
+    from ipybox.kernel_mgr.client import KernelClient
+    from ipybox.kernel_mgr.server import KernelGateway
+
+    runs = 10 if args.quick else 40
+    port = free_port()
+    async with (
+        KernelGateway(port=port),
+        KernelClient(port=port, images_dir=Path("images")) as client,
+    ):
+        short = 0
+
+        async def once() -> None:
+            nonlocal short
+            result = await client.execute(LARGE_OUTPUT)
+            # Both sides strip the trailing newline of the result text. A result that came back
+            # without its whole output (the reference returns some without any) is counted.
+            if result.text is None or len(result.text) < LARGE_OUTPUT_CHARS - 1:
+                short += 1
+
+        for _ in range(3):
+            await once()
+        short = 0
+        samples = [ms(await timed(once)) for _ in range(runs)]
+    return {**summary(samples), "short": short}
+
+
 async def fig_kernel_floor(args: argparse.Namespace) -> dict[str, Any]:
     """ipykernel's own time for the `execute` cell: from its busy to its idle status.
 
@@ -516,6 +549,7 @@ async def fig_memory(args: argparse.Namespace) -> dict[str, Any]:
 FIGURES: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, Any]]]] = {
     "execute": fig_execute,
     "kernel_floor": fig_kernel_floor,
+    "large_output": fig_large_output,
     "start": fig_start,
     "reset": fig_reset,
     "executor_start": fig_executor_start,
