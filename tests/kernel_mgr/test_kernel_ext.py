@@ -321,3 +321,14 @@ async def test_pip_and_python_in_a_cell_reach_the_kernels_own_environment(
                 stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
             await uninstall.wait()
+
+
+async def test_the_kernel_keeps_no_copy_of_the_output_it_sent(plain: CodeExecutor) -> None:
+    # IPython's history manager (private to IPython, read from inside the kernel: no public
+    # API shows a kernel's own memory) recorded every write, result and display of every cell.
+    for _ in range(3):
+        await plain.execute('print("x" * 100_000); display("shown"); 42')
+    result = await plain.execute(
+        "print(sum(len(outs) for outs in get_ipython().history_manager.outputs.values()))"
+    )
+    assert result.text == "0"
