@@ -198,6 +198,10 @@ def _flush_every(stream: Any) -> None:
         nonlocal pending
         if not isinstance(text, str):
             return write(text)  # ipykernel's own TypeError
+        if pending + len(text) < _OUTPUT_FLUSH_CHARS:  # most writes: no piece fills up
+            write(text)
+            pending += len(text)
+            return len(text)
         # One large write goes out in pieces too: the application keeps a cell's head and tail.
         for start in range(0, len(text), _OUTPUT_FLUSH_CHARS):
             piece = text[start : start + _OUTPUT_FLUSH_CHARS]
