@@ -332,3 +332,14 @@ async def test_pip_version_says_what_pip_is_for_the_kernel() -> None:
         for cell in ("!pip --version", "%pip -V"):
             text = (await ex.execute(cell, timeout=60)).text or ""
             assert sys.executable in text and "uv" in text and "error" not in text, (cell, text)
+
+
+async def test_the_kernel_keeps_no_copy_of_the_output_it_sent(plain: CodeExecutor) -> None:
+    # IPython's history manager (private to IPython, read from inside the kernel: no public
+    # API shows a kernel's own memory) recorded every write, result and display of every cell.
+    for _ in range(3):
+        await plain.execute('print("x" * 100_000); display("shown"); 42')
+    result = await plain.execute(
+        "print(sum(len(outs) for outs in get_ipython().history_manager.outputs.values()))"
+    )
+    assert result.text == "0"

@@ -61,6 +61,7 @@ def load_ipython_extension(ip: Any) -> None:
     _hide_marked_frames(ip)
     _count_cell_lines()
     _bound_output_messages()
+    _keep_no_output_history(ip)
     _reply_to_every_interrupt(ip)
     _show_figures_of_file_backends(ip)
     _own_python_first(ip)
@@ -197,6 +198,10 @@ def _flush_every(stream: Any) -> None:
         nonlocal pending
         if not isinstance(text, str):
             return write(text)  # ipykernel's own TypeError
+        if pending + len(text) < _OUTPUT_FLUSH_CHARS:  # most writes: no piece fills up
+            write(text)
+            pending += len(text)
+            return len(text)
         # One large write goes out in pieces too: the application keeps a cell's head and tail.
         for start in range(0, len(text), _OUTPUT_FLUSH_CHARS):
             piece = text[start : start + _OUTPUT_FLUSH_CHARS]
@@ -208,6 +213,26 @@ def _flush_every(stream: Any) -> None:
         return len(text)
 
     stream.write = bounded_write
+
+
+def _keep_no_output_history(ip: Any) -> None:
+    """Keep no copy of what cells print or display in the kernel.
+
+    IPython 9 records every write to stdout and stderr, and every result and display, of every
+    cell in its history manager's ``outputs`` (for ``%history -o``), history database or not: a
+    session's kernel held all the output it ever sent (40 MiB after 20 cells of 2 MiB), which a
+    memory limit then charged to the kernel, and the recording wrapper ran on each write. The
+    wrapper of stdout and stderr is left out, and what is recorded otherwise (results and
+    displays) is dropped after each execution. Older IPythons have neither and are left as they are.
+    """
+    import contextlib
+
+    history = getattr(ip, "history_manager", None)
+    outputs = getattr(history, "outputs", None)
+    if not hasattr(ip, "_tee") or not isinstance(outputs, dict):
+        return
+    ip._tee = lambda channel: contextlib.nullcontext()
+    ip.events.register("post_execute", lambda: ip.history_manager.outputs.clear())
 
 
 _COLOUR_FORCING = ("FORCE_COLOR", "CLICOLOR_FORCE", "PY_COLORS", "TTY_COMPATIBLE")

@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, NoReturn, Self
 
 import httpx2
 import websockets
@@ -85,6 +85,52 @@ class _Kernel:
     # Executions submitted and not yet collected; `settled` is set while there are none.
     pending: int = 0
     settled: asyncio.Event = field(default_factory=_set_event)
+
+
+@dataclass
+class _Outcome:
+    """What the messages of one execution said so far: its output, error and progress."""
+
+    kept: KeptText
+    images: list[Path] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    idle: bool = False
+    replied: bool = False
+    # One per stream name (stdout, stderr): an escape sequence may be split across its chunks.
+    strippers: dict[str, _AnsiStripper] = field(default_factory=dict)
+
+    def reply(self, content: dict[str, Any]) -> None:
+        if content.get("status") == "error" and self.error is None:
+            self.error = content
+        elif content.get("status") == "aborted":
+            self.error = {
+                "ename": "Aborted",
+                "evalue": "The kernel aborted the execution without running it.",
+            }
+
+    def stream(self, content: dict[str, Any]) -> str:
+        chunk = content.get("text", "")
+        if not isinstance(chunk, str):
+            return _skipped("a stream output", "its text is not a string")
+        name = str(content.get("name", ""))
+        stripper = self.strippers.get(name)
+        if stripper is None:
+            stripper = self.strippers[name] = _AnsiStripper()
+        return stripper.feed(chunk)
+
+    def result(self) -> ExecutionResult:
+        """The execution's result; `ExecutionError` if it raised."""
+        if self.error is not None:
+            ename = str(self.error.get("ename", ""))
+            evalue = str(self.error.get("evalue", ""))
+            lines = self.error.get("traceback")
+            lines = [str(line) for line in lines] if isinstance(lines, list) else []
+            traceback = strip_ansi("\n".join(lines))
+            raise ExecutionError(
+                traceback or f"{ename}: {evalue}", ename=ename, evalue=evalue, traceback=traceback
+            )
+        text = self.kept.text(strip="\n")
+        return ExecutionResult(text=text or None, images=self.images)
 
 
 class KernelClient:
@@ -393,88 +439,78 @@ class KernelClient:
     async def _collect(
         self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
     ) -> AsyncGenerator[str | ExecutionResult, None]:
-        kept = KeptText(self.max_output_chars)
-        images: list[Path] = []
-        error: dict[str, Any] | None = None
-        idle = replied = False
-        strippers: dict[str, _AnsiStripper] = {}
-        while not (idle and replied):
-            try:
-                async with asyncio.timeout_at(_loop_time(deadline)):
-                    msg = await queue.get()
-            except TimeoutError:
-                if await self._interrupt(kernel, queue):
-                    raise TimeoutError(
-                        f"The execution did not finish within {timeout:g} s; it was interrupted and "
-                        "the kernel kept its state."
-                    ) from None
-                # Code blocked in C (a regex, a lock, a native library) never sees SIGINT.
-                async with self._lock:
-                    await self._replace_kernel()
-                raise TimeoutError(
-                    f"The execution did not finish within {timeout:g} s and did not stop when interrupted "
-                    "(it was blocked in code that ignores interrupts), so the kernel was restarted: "
-                    "its state (variables, imports, definitions) is lost."
-                ) from None
-            if msg is None:
-                if kernel.lost_because is not None:
-                    raise KernelDiedError(
-                        f"{kernel.lost_because} Call reset() to start a fresh kernel.",
-                        ename="KernelOutputTooLarge",
-                        evalue=kernel.lost_because,
-                    )
+        """Read the execution's messages until the kernel replied and is idle, yielding its output."""
+        outcome = _Outcome(KeptText(self.max_output_chars))
+        while not (outcome.idle and outcome.replied):
+            msg = await self._next_message(kernel, queue, deadline, timeout)
+            text = self._read(kernel, outcome, msg)
+            if text:
+                outcome.kept.append(text)
+                yield text
+        yield outcome.result()
+
+    async def _next_message(
+        self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], deadline: float, timeout: float
+    ) -> dict[str, Any]:
+        """The execution's next message; `TimeoutError` past the deadline, `KernelDiedError` if none will come."""
+        try:
+            async with asyncio.timeout_at(_loop_time(deadline)):
+                msg = await queue.get()
+        except TimeoutError:
+            await self._stop_overdue(kernel, queue, timeout)
+        if msg is None:
+            if kernel.lost_because is not None:
                 raise KernelDiedError(
-                    "The kernel died while running the code and lost its state; call reset() to start "
-                    "a fresh one.",
-                    ename="KernelDied",
+                    f"{kernel.lost_because} Call reset() to start a fresh kernel.",
+                    ename="KernelOutputTooLarge",
+                    evalue=kernel.lost_because,
                 )
-            msg_type = msg["msg_type"]
-            content = msg["content"]
-            if not isinstance(content, dict):
-                continue  # not a Jupyter message's content: nothing in it to read
-            text: str | None = None
-            if msg_type == "execute_reply":
-                replied = True
-                if content.get("status") == "error" and error is None:
-                    error = content
-                elif content.get("status") == "aborted":
-                    error = {
-                        "ename": "Aborted",
-                        "evalue": "The kernel aborted the execution without running it.",
-                    }
-            elif msg_type == "status":
-                idle = content.get("execution_state") == "idle"
-            elif msg_type == "execute_input":
+            raise KernelDiedError(
+                "The kernel died while running the code and lost its state; call reset() to start a fresh one.",
+                ename="KernelDied",
+            )
+        return msg
+
+    async def _stop_overdue(
+        self, kernel: _Kernel, queue: asyncio.Queue[dict[str, Any] | None], timeout: float
+    ) -> NoReturn:
+        """Interrupt an execution past its deadline, or restart the kernel if it ignores that; raises."""
+        if await self._interrupt(kernel, queue):
+            raise TimeoutError(
+                f"The execution did not finish within {timeout:g} s; it was interrupted and "
+                "the kernel kept its state."
+            ) from None
+        # Code blocked in C (a regex, a lock, a native library) never sees SIGINT.
+        async with self._lock:
+            await self._replace_kernel()
+        raise TimeoutError(
+            f"The execution did not finish within {timeout:g} s and did not stop when interrupted "
+            "(it was blocked in code that ignores interrupts), so the kernel was restarted: "
+            "its state (variables, imports, definitions) is lost."
+        ) from None
+
+    def _read(self, kernel: _Kernel, outcome: _Outcome, msg: dict[str, Any]) -> str | None:
+        """Take in one message of the execution; the output text it carries, if any."""
+        content = msg["content"]
+        if not isinstance(content, dict):
+            return None  # not a Jupyter message's content: nothing in it to read
+        match msg["msg_type"]:
+            case "execute_reply":
+                outcome.replied = True
+                outcome.reply(content)
+            case "status":
+                outcome.idle = content.get("execution_state") == "idle"
+            case "execute_input":
                 # Published once the kernel takes SIGINT as KeyboardInterrupt; before that
                 # it ignores the signal, so interrupt() waits for this.
                 kernel.busy.set()
-            elif msg_type == "stream":
-                chunk = content.get("text", "")
-                if isinstance(chunk, str):
-                    stripper = strippers.setdefault(str(content.get("name", "")), _AnsiStripper())
-                    text = stripper.feed(chunk)
-                else:
-                    text = _skipped("a stream output", "its text is not a string")
-            elif msg_type in ("execute_result", "display_data"):
-                text = self._display(content.get("data"), images)
-            elif msg_type == "error":
-                error = content
-            if text:
-                kept.append(text)
-                yield text
-        for stripper in strippers.values():
-            stripper.flush()
-        if error is not None:
-            ename = str(error.get("ename", ""))
-            evalue = str(error.get("evalue", ""))
-            lines = error.get("traceback")
-            lines = [str(line) for line in lines] if isinstance(lines, list) else []
-            traceback = strip_ansi("\n".join(lines))
-            raise ExecutionError(
-                traceback or f"{ename}: {evalue}", ename=ename, evalue=evalue, traceback=traceback
-            )
-        result = kept.text().strip("\n")
-        yield ExecutionResult(text=result or None, images=images)
+            case "stream":
+                return outcome.stream(content)
+            case "execute_result" | "display_data":
+                return self._display(content.get("data"), outcome.images)
+            case "error":
+                outcome.error = content
+        return None
 
     @staticmethod
     def _settle(kernel: _Kernel) -> None:
@@ -682,18 +718,31 @@ class KeptText:
         head = self._head[len(self._head) - (count - len(tail)) :] if len(tail) < count else []
         return "".join([*head, *tail])
 
-    def text(self) -> str:
-        """Everything kept, with a note where output was dropped."""
-        if not self._dropped:
-            return "".join(self._head) + "".join(self._tail)
-        note = (
-            f"\n[... ipybox dropped {self._dropped} characters of output here: an execution keeps at most "
-            f"{self._head_room_total() + self._tail_room} characters, its beginning and its end ...]\n"
-        )
-        return "".join(self._head) + note + "".join(self._tail)
+    def text(self, strip: str = "") -> str:
+        """Everything kept, with a note where output was dropped; without the `strip` characters at its ends."""
+        parts = [*self._head]
+        if self._dropped:
+            parts.append(
+                f"\n[... ipybox dropped {self._dropped} characters of output here: an execution keeps at most "
+                f"{self._head_room_total() + self._tail_room} characters, its beginning and its end ...]\n"
+            )
+        parts.extend(self._tail)
+        # Stripping the end parts before joining spares a copy of the whole (megabytes, for a large output).
+        return "".join(_strip_parts(parts, strip) if strip else parts)
 
     def _head_room_total(self) -> int:
         return sum(len(part) for part in self._head) + self._head_room
+
+
+def _strip_parts(parts: list[str], chars: str) -> list[str]:
+    """The parts whose join is ``"".join(parts).strip(chars)``."""
+    first = next((i for i, part in enumerate(parts) if part.lstrip(chars)), len(parts))
+    last = next((i for i in range(len(parts) - 1, first - 1, -1) if parts[i].rstrip(chars)), first - 1)
+    kept = parts[first : last + 1]
+    if kept:
+        kept[0] = kept[0].lstrip(chars)
+        kept[-1] = kept[-1].rstrip(chars)
+    return kept
 
 
 class _AnsiStripper:
@@ -704,6 +753,8 @@ class _AnsiStripper:
 
     def feed(self, text: str) -> str:
         """The text of this chunk without escape sequences; an unfinished one waits for the next."""
+        if not self._held and "\x1b" not in text:
+            return text  # nothing to strip (most output): no regular expression runs over it
         text = strip_ansi(self._held + text)
         tail = _ANSI_TAIL.search(text)
         if tail is not None and len(text) - tail.start() <= _ANSI_TAIL_MAX:
@@ -711,10 +762,6 @@ class _AnsiStripper:
             return text[: tail.start()]
         self._held = ""
         return text
-
-    def flush(self) -> None:
-        """End the stream: a sequence still unfinished is dropped."""
-        self._held = ""
 
 
 def _execute_request(session: str, msg_id: str, code: str) -> bytes:
