@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ipybox.app._mcp import list_tools
 from ipybox.mcp_apigen import generate_mcp_sources, render_sources
-from ipybox.tool_exec._mcp import list_tools
 
 HERE = Path(__file__).parent
 SERVERS = HERE / "servers"

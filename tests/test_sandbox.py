@@ -23,8 +23,8 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+from ipybox.app import _sandbox
 from ipybox.errors import SandboxUnavailableError
-from ipybox.kernel_mgr import _sandbox
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.conftest import DEMO_SERVER

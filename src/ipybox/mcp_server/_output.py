@@ -9,7 +9,7 @@ import re
 import time
 from pathlib import Path
 
-from ipybox._confined import Confined, ConfinedPathError, remove_entry, write_new
+from ipybox.app._confined import Confined, ConfinedPathError, remove_entry, write_new
 
 # CSI sequences (colours, cursor moves), OSC sequences (titles, links) and lone escapes.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")

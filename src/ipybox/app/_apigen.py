@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from ipybox import _codegen, _confined
+from ipybox.app import _codegen, _confined
 from ipybox.errors import ApiGenerationError, ServerParamsError
 
 if TYPE_CHECKING:
@@ -35,7 +35,8 @@ if TYPE_CHECKING:
 
 __all__ = ["generate_mcp_sources"]
 
-logger = logging.getLogger(__name__)
+# The logger keeps the name of the module's public (or former) path.
+logger = logging.getLogger("ipybox.mcp_apigen")
 
 
 async def generate_mcp_sources(
@@ -55,7 +56,7 @@ async def generate_mcp_sources(
     directory or is a folder directly in it (`mcptools/`). The generated files hold neither the parameters nor any secret.
 
     A tool whose schema cannot be compiled is left out and named in a warning logged on
-    ``ipybox.mcp_apigen``; the other tools are generated. A module is named after its
+    ``ipybox.app._apigen``; the other tools are generated. A module is named after its
     tool: characters outside ``[a-zA-Z0-9_]`` become ``_``, the name is lower-cased, a keyword
     gets a trailing ``_`` and a leading digit a leading ``_``; names that collide get a suffix
     ``_2``, ``_3``, ...
@@ -86,8 +87,8 @@ async def generate_mcp_sources(
             "underscores, not starting with a digit and not a Python keyword (e.g. 'brave_search')."
         )
     # Imported on first use: the MCP SDK is a heavy import, and `import ipybox` stays cheap.
-    from ipybox.tool_exec._mcp import list_tools
-    from ipybox.tool_exec._registry import ServerRegistry
+    from ipybox.app._mcp import list_tools
+    from ipybox.app._registry import ServerRegistry
 
     tools = await list_tools(server_name, server_params, connect_timeout=connect_timeout)
     try:

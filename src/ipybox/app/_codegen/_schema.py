@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from urllib.parse import unquote
 
-from ipybox._codegen._names import (
+from ipybox.app._codegen._names import (
     _MAX_DEPTH,
     SchemaError,
     _json_equal,

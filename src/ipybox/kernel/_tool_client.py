@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ipybox.errors import ToolCallOutcome, ToolRunnerError
-from ipybox.tool_exec.content import ToolContent, from_json
+from ipybox.kernel._content import ToolContent, from_json
 
 __all__ = [
     "ToolContent",

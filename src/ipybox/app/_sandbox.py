@@ -1,7 +1,7 @@
 """Kernels inside Anthropic's sandbox-runtime (``srt``): finding it, its settings, the wrapped command.
 
 Only the kernel runs inside the sandbox; the gateway stays outside and launches each kernel
-through a kernel spec whose command is a launcher (`ipybox.kernel_mgr._kernel_launch`) that
+through a kernel spec whose command is a launcher (`ipybox.gateway._kernel_launch`) that
 becomes ``srt -s <settings> -c 'exec python -m ipykernel_launcher …'``. The gateway talks to the
 kernel over ZMQ ``ipc://`` sockets in a folder of that kernel's own, the only private folder its
 sandbox shows it (srt removes the network namespace, so TCP ports opened inside are unreachable

@@ -1,7 +1,7 @@
 """Approved shell commands of a walled kernel, run by the tool server in a sandbox of their own.
 
 A sandboxed kernel whose shell commands need approval cannot start a program itself (its
-seccomp filter, ``ipybox.kernel_mgr._exec_wall``). It sends each ``!cmd``, ``x = !cmd`` and
+seccomp filter, ``ipybox.kernel._exec_wall``). It sends each ``!cmd``, ``x = !cmd`` and
 ``%%bash`` cell to the tool server (``POST /shell``); once the application accepts it, the
 command runs here in a new ``srt`` sandbox with the kernel's own settings file and temporary
 folder, in the kernel's current folder, with the kernel's starting environment. srt itself runs

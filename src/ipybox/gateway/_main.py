@@ -1,4 +1,4 @@
-"""Entry point of the gateway child process: ``python -m ipybox.kernel_mgr._gateway_main``.
+"""Entry point of the gateway child process: ``python -m ipybox.gateway._main``.
 
 It runs the stock Jupyter Kernel Gateway application with three changes, all for speed:
 
@@ -23,7 +23,7 @@ process ends, and applications start executors from worker threads.
 With ``IPYBOX_GATEWAY_LOCK`` (sandboxed kernels), each kernel's connection file and ZMQ sockets
 go in a folder of that kernel's own, removed when the kernel ends, and this process holds a lock
 on that file for its whole life: the watcher each sandboxed kernel's launcher leaves outside the
-sandbox ends the kernel once the lock is released (see ``ipybox.kernel_mgr._kernel_launch``).
+sandbox ends the kernel once the lock is released (see ``ipybox.gateway._kernel_launch``).
 With resource limits in control groups (``IPYBOX_KERNEL_GROUPS``), a kernel's groups are also
 cleared as soon as its process has ended.
 """
@@ -42,7 +42,7 @@ from jupyter_server.services.kernels.kernelmanager import MappingKernelManager  
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler  # noqa: E402
 from kernel_gateway.gatewayapp import launch_instance  # noqa: E402
 
-from ipybox.kernel_mgr import _kernel_launch, _limits  # noqa: E402
+from ipybox.gateway import _kernel_launch, _limits  # noqa: E402
 
 _open = KernelWebsocketHandler.open
 
@@ -66,7 +66,7 @@ def _watch_activity_lightly(self: MappingKernelManager, kernel_id: str) -> None:
 MappingKernelManager.start_watching_activity = _watch_activity_lightly  # type: ignore[method-assign]
 
 # Held until this process ends, however it ends: sandboxed kernels end when it is released
-# (see ipybox.kernel_mgr._kernel_launch).
+# (see ipybox.gateway._kernel_launch).
 _GATEWAY_LOCK = os.environ.get("IPYBOX_GATEWAY_LOCK")
 if _GATEWAY_LOCK:
     import fcntl
@@ -128,7 +128,7 @@ if _GROUPS:
     _cleanup = LocalProvisioner.cleanup
 
     async def _cleanup_and_reap(self: LocalProvisioner, restart: bool = False) -> None:
-        """Also clear the ended kernel's control groups (see ``ipybox.kernel_mgr._limits``)."""
+        """Also clear the ended kernel's control groups (see ``ipybox.gateway._limits``)."""
         await _cleanup(self, restart)
         _limits.reap(_GROUPS, self.pid)
 

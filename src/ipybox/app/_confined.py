@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from types import TracebackType
 from typing import NoReturn, Self
 
-from ipybox.kernel_mgr._sandbox import PROTECTED_WORKSPACE_DIRS
+from ipybox.app._sandbox import PROTECTED_WORKSPACE_DIRS
 
 __all__ = [
     "PROTECTED_NAMES",

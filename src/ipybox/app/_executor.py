@@ -17,6 +17,12 @@ from typing import Self
 import anyio
 import httpx
 
+from ipybox.app import _sandbox
+from ipybox.app._approval_client import ApprovalClient, ApprovalRequest
+from ipybox.app._gateway import KernelGateway
+from ipybox.app._kernel_client import ExecutionResult, KernelClient
+from ipybox.app._registry import ServerRegistry
+from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 from ipybox.errors import (
     ApprovalError,
     CodeExecutionError,
@@ -24,12 +30,6 @@ from ipybox.errors import (
     KernelConnectionError,
     KernelDiedError,
 )
-from ipybox.kernel_mgr import _sandbox
-from ipybox.kernel_mgr.client import ExecutionResult, KernelClient
-from ipybox.kernel_mgr.server import KernelGateway
-from ipybox.tool_exec._registry import ServerRegistry
-from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
-from ipybox.tool_exec.server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 
 __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
 
@@ -221,7 +221,7 @@ class CodeExecutor:
         """
         if self._parts is not None:
             raise RuntimeError("The code executor is already started; call stop() first.")
-        # .env of the working directory is read when an MCP server starts (tool_exec._params),
+        # .env of the working directory is read when an MCP server starts (app._params),
         # not copied into this process's environment.
         token = secrets.token_urlsafe(32)
         gateway_token = secrets.token_urlsafe(32)
@@ -522,7 +522,7 @@ class CodeExecutor:
 
     def _kernel_settings(self) -> dict[str, str]:
         """The kernel's environment before the tool server's address: `kernel_env` and what the
-        kernel extension (``ipybox.kernel_mgr._kernel_ext``) reads."""
+        kernel extension (``ipybox.kernel._ext``) reads."""
         env = dict(self.kernel_env)
         if self.working_dir is not None:
             env["IPYBOX_WORKING_DIR"] = str(self.working_dir)

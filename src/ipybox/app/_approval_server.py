@@ -23,7 +23,8 @@ from ipybox.errors import ApprovalClientDisconnected, NoApprovalClientError
 
 __all__ = ["ApprovalChannel", "ApprovalClientDisconnected", "NoApprovalClientError"]
 
-logger = logging.getLogger(__name__)
+# The logger keeps the name of the module's public (or former) path.
+logger = logging.getLogger("ipybox.tool_exec.approval.server")
 
 # WebSocket close code for refused connections (RFC 6455 "policy violation").
 POLICY_VIOLATION = 1008

@@ -56,17 +56,17 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
-from ipybox.tool_exec._mcp import MCPSession
-from ipybox.tool_exec._params import StdioParams, confine, resolve_params
-from ipybox.tool_exec._registry import ServerRegistry
-from ipybox.tool_exec._shell import ShellRunner
-from ipybox.tool_exec.approval.server import (
+from ipybox.app._approval_server import (
     POLICY_VIOLATION,
     ApprovalChannel,
     ApprovalClientDisconnected,
     NoApprovalClientError,
 )
+from ipybox.app._mcp import MCPSession
+from ipybox.app._params import StdioParams, confine, resolve_params
+from ipybox.app._registry import ServerRegistry
+from ipybox.app._shell import ShellRunner
+from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 
 __all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
 
@@ -87,7 +87,8 @@ _SMALL_ANSWER = 64 * 1024
 # What an MCP message may carry besides the result itself (JSON-RPC envelope, escapes).
 _ENVELOPE_ALLOWANCE = 1024 * 1024
 
-logger = logging.getLogger(__name__)
+# The logger keeps the name of the module's public (or former) path.
+logger = logging.getLogger("ipybox.tool_exec.server")
 
 
 class _RunRequest(BaseModel):

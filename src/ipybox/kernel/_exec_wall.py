@@ -1,7 +1,7 @@
 """A wall that stops a process, and everything it forks, from starting a program or driving another.
 
 Runs in the kernel (standard library only), as its launcher: ``python -P -m
-ipybox.kernel_mgr._exec_wall ipykernel_launcher <args>`` installs the wall while the process has
+ipybox.kernel._exec_wall ipykernel_launcher <args>`` installs the wall while the process has
 one thread and nothing of the kernel (its configuration, IPython's startup files) has run yet,
 then runs ``ipykernel_launcher``. Once installed:
 
@@ -15,7 +15,7 @@ then runs ``ipykernel_launcher``. Once installed:
 Neither can be removed, and every thread and child inherits both: ``fork`` still works, a new
 program does not. Used by a sandboxed kernel whose shell commands need approval: the approved
 ones run outside the kernel, on the tool server, in a sandbox of their own
-(``ipybox.tool_exec._shell``).
+(``ipybox.app._shell``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """MCP server parameters: validated, ``${VAR}`` placeholders resolved, frozen (application side only).
 
 A stdio server becomes :class:`StdioParams`, an HTTP server :class:`HttpParams`; the tool
-server and the code generator hand either to :class:`ipybox.tool_exec._mcp.MCPSession`.
+server and the code generator hand either to :class:`ipybox.app._mcp.MCPSession`.
 """
 
 from __future__ import annotations

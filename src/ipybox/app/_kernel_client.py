@@ -24,12 +24,13 @@ import httpx
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from ipybox._confined import Confined, ConfinedPathError, write_new
+from ipybox.app._confined import Confined, ConfinedPathError, write_new
 from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
 
 __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 
-logger = logging.getLogger(__name__)
+# The logger keeps the name of the module's public (or former) path.
+logger = logging.getLogger("ipybox.kernel_mgr.client")
 # Terminal escape sequences (ECMA-48): CSI (colours, cursor), OSC (titles, links), string
 # controls (DCS, SOS, PM, APC), and two-byte escapes.
 _ANSI = re.compile(

@@ -12,7 +12,8 @@ from ipybox.errors import ApprovalConnectionError, ApprovalDecisionError, Approv
 
 __all__ = ["ApprovalCallback", "ApprovalClient", "ApprovalRequest"]
 
-logger = logging.getLogger(__name__)
+# The logger keeps the name of the module's public (or former) path.
+logger = logging.getLogger("ipybox.tool_exec.approval.client")
 
 
 class ApprovalRequest:
@@ -141,7 +142,7 @@ class ApprovalClient:
                 ...  # run code that calls MCP tools
 
     Args:
-        callback: Async function called with each :class:`ApprovalRequest`.
+        callback: Async function called with each :class:`ipybox.ApprovalRequest`.
         host: Hostname of the tool server.
         port: Port of the tool server.
         secret: The approval secret of a secured tool server, sent as a bearer token in the

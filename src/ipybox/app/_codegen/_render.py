@@ -6,8 +6,8 @@ import ast
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ipybox._codegen._names import SchemaError, _field_name, _first_line, docstring, str_literal
-from ipybox._codegen._schema import _Class, _Compiler, _Module
+from ipybox.app._codegen._names import SchemaError, _field_name, _first_line, docstring, str_literal
+from ipybox.app._codegen._schema import _Class, _Compiler, _Module
 
 
 def _render_class(cls: _Class, reserved: set[str]) -> str:

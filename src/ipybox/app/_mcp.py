@@ -2,7 +2,7 @@
 
 Each MCP server connection is an :class:`MCPSession` whose MCP SDK ``Client`` is entered and
 exited by one long-lived owner task, so no anyio scope of the connection is ever left by
-another task. Its parameters are resolved beforehand by :mod:`ipybox.tool_exec._params`.
+another task. Its parameters are resolved beforehand by :mod:`ipybox.app._params`.
 This module is never imported inside a kernel.
 """
 
@@ -38,12 +38,13 @@ from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
 from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
+from ipybox.app._params import HttpParams, StdioParams, resolve_params
 from ipybox.errors import MCPServerError
-from ipybox.tool_exec._params import HttpParams, StdioParams, resolve_params
 
 __all__ = ["MCPSession", "list_tools"]
 
-logger = logging.getLogger(__name__)
+# The logger keeps the name of the module's public (or former) path.
+logger = logging.getLogger("ipybox.tool_exec._mcp")
 
 # Marks a stdio server's process so the session can find its process group afterwards.
 _SESSION_MARKER_ENV = "IPYBOX_MCP_SESSION"

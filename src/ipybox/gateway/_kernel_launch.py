@@ -2,11 +2,11 @@
 
 The kernel spec of a sandboxed gateway runs this file as a script, outside the sandbox and before
 srt (``python -I -S _kernel_launch.py SPEC CONNECTION_FILE -- KERNEL_ARGV``; standard library
-only, like `ipybox.kernel_mgr._limits`). SPEC is the JSON object ``KernelGateway`` wrote into
+only, like `ipybox.gateway._limits`). SPEC is the JSON object ``KernelGateway`` wrote into
 the kernel spec: srt, the gateway's settings, folders and lock. The script:
 
 - Gives the kernel private folders. The gateway put the kernel's connection file (its key) and
-  its ZMQ sockets in a folder made for this kernel alone (``_gateway_main``); a fresh ``tmp``
+  its ZMQ sockets in a folder made for this kernel alone (``ipybox.gateway._main``); a fresh ``tmp``
   inside it holds the kernel's ``TMPDIR``, IPython and Jupyter folders (every variable that named
   the gateway's shared temporary folder is pointed at it); srt's own sockets sit beside it. The kernel's srt
   settings are the gateway's, with this folder as the only private one: no kernel sees another's

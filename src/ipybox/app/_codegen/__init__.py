@@ -24,7 +24,7 @@ literals, docstrings), ``_schema`` (a tool's JSON Schemas to classes) and ``_ren
 to module source).
 """
 
-from ipybox._codegen._names import (
+from ipybox.app._codegen._names import (
     SchemaError,
     docstring,
     is_identifier,
@@ -32,7 +32,7 @@ from ipybox._codegen._names import (
     module_names,
     str_literal,
 )
-from ipybox._codegen._render import render_package_init, render_tool_module
+from ipybox.app._codegen._render import render_package_init, render_tool_module
 
 __all__ = [
     "SchemaError",

@@ -427,7 +427,7 @@ def _escape(text: str) -> str:
 def _ask(tool_name: str, tool_args: dict[str, str]) -> None:
     __tracebackhide__ = True
     from ipybox.errors import ToolRunnerError
-    from ipybox.tool_exec.client import request_approval
+    from ipybox.kernel._tool_client import request_approval
 
     what = "shell command" if tool_name == "shell" else f"%%{tool_args.get('magic', 'script')} cell"
     try:
@@ -484,10 +484,10 @@ def _approve_shell_commands(ip: Any) -> None:
 
 
 def _run_walled(tool_name: str, cmd: str, argv: list[str] | None = None) -> dict[str, Any]:
-    """Run `cmd` on the tool server, once approved; its answer (see ``tool_exec.client.run_shell``)."""
+    """Run `cmd` on the tool server, once approved; its answer (see ``ipybox.tool_exec.client.run_shell``)."""
     __tracebackhide__ = True
     from ipybox.errors import ToolRunnerError
-    from ipybox.tool_exec.client import run_shell
+    from ipybox.kernel._tool_client import run_shell
 
     what = "shell command" if argv is None else f"%%{os.path.basename(argv[0])} cell"
     try:

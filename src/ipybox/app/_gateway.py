@@ -19,10 +19,12 @@ from typing import Any, Self
 import httpx
 import psutil
 
+from ipybox.app import _sandbox
+from ipybox.app._registry import default_registry_path
+from ipybox.app._shell import ShellRunner
 from ipybox.errors import GatewayError, SandboxUnavailableError
-from ipybox.kernel_mgr import _exec_wall, _kernel_launch, _limits, _sandbox
-from ipybox.tool_exec._registry import default_registry_path
-from ipybox.tool_exec._shell import ShellRunner
+from ipybox.gateway import _kernel_launch, _limits
+from ipybox.kernel import _exec_wall
 
 _LOG_TAIL_LINES = 40
 _PORT_ATTEMPTS = 5
@@ -131,7 +133,7 @@ class KernelGateway:
         self._srt = ""
         self._sandbox_config: dict[str, Any] | None = None
         # What a sandboxed kernel may write (its settings' allowWrite); trusted programs never run
-        # from there (see ipybox.tool_exec._params.confine).
+        # from there (see ipybox.app._params.confine).
         self.kernel_writable: tuple[Path, ...] = ()
         self.kernel_readonly: tuple[Path, ...] = ()
 
@@ -321,7 +323,7 @@ class KernelGateway:
             "-I",
             "-u",
             "-m",
-            "ipybox.kernel_mgr._gateway_main",
+            "ipybox.gateway._main",
             f"--KernelGatewayApp.ip={self.host}",
             f"--KernelGatewayApp.port={self.port}",
             "--KernelGatewayApp.port_retries=0",
@@ -346,7 +348,7 @@ class KernelGateway:
         env.update(
             {key: gateway_env[key] for key in gateway_env["KG_ENV_PROCESS_WHITELIST"].split(",") if key}
         )
-        # The kernel's Python first, as in the kernel (_kernel_ext); no folder the kernel can write.
+        # The kernel's Python first, as in the kernel (kernel._ext); no folder the kernel can write.
         folders = [os.path.dirname(sys.executable), *env.get("PATH", os.defpath).split(os.pathsep)]
         path = [
             folder
@@ -413,7 +415,7 @@ class KernelGateway:
         if self.sandbox and self.env.get("IPYBOX_EXEC_WALL") == "1":
             # The wall goes up before anything of the kernel runs (see _exec_wall); -P: nothing is
             # imported from the working directory, where kernel code could plant a module.
-            argv[1:3] = ["-P", "-m", "ipybox.kernel_mgr._exec_wall", "ipykernel_launcher"]
+            argv[1:3] = ["-P", "-m", "ipybox.kernel._exec_wall", "ipykernel_launcher"]
         spec: dict[str, object] = {
             "display_name": "Python 3 (ipybox)",
             "language": "python",
@@ -587,10 +589,10 @@ _KERNEL_ARGS = [
     # Agents pay tokens for every escape sequence: no colours in tracebacks.
     "--InteractiveShell.colors=nocolor",
     # Shell approval, the shell-escape guard and the kept working directory (see the module).
-    "--IPKernelApp.extensions=ipybox.kernel_mgr._kernel_ext",
+    "--IPKernelApp.extensions=ipybox.kernel._ext",
     # IPython would put the working directory on sys.path before loading the extension, so an
     # `ipybox/` planted there would run in every later kernel of the same working directory, other
-    # sessions' included. The extension adds it once ipybox is loaded (_kernel_ext).
+    # sessions' included. The extension adds it once ipybox is loaded (kernel._ext).
     "--InteractiveShellApp.ignore_cwd=True",
 ]
 
