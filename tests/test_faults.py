@@ -350,7 +350,7 @@ async def test_an_application_killed_with_sigkill_leaves_no_gateway_or_kernel_be
     try:
         assert await asyncio.wait_for(application.stdout.readline(), 120) == b"RUNNING\n"
         left = psutil.Process(application.pid).children(recursive=True)
-        assert any("_gateway_main" in " ".join(p.cmdline()) for p in left)
+        assert any("ipybox.gateway._main" in " ".join(p.cmdline()) for p in left)
         assert any("ipykernel_launcher" in " ".join(p.cmdline()) for p in left)
         application.kill()
         await application.wait()

@@ -277,7 +277,7 @@ async def test_the_gateway_imports_nothing_the_kernel_planted(executor: CodeExec
     marker = workdir / "hijacked.txt"
     plant = f"""
 import os
-payload = "import sys\\nif any('_gateway_main' in a for a in sys.orig_argv): open({str(marker)!r}, 'a').write('x')\\n"
+payload = "import sys\\nif any('ipybox.gateway._main' in a for a in sys.orig_argv): open({str(marker)!r}, 'a').write('x')\\n"
 os.makedirs('project/ipybox', exist_ok=True)
 os.makedirs('project/site', exist_ok=True)
 open('project/ipybox/__init__.py', 'w').write(payload)
