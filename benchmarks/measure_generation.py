@@ -30,8 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ipybox.mcp_apigen import generate_mcp_sources, render_sources
-from ipybox.tool_exec._mcp import list_tools
+from ipybox.app._apigen import render_sources
+from ipybox.app._mcp import list_tools
+from ipybox.mcp_apigen import generate_mcp_sources
 
 HERE = Path(__file__).parent
 SERVERS = HERE / "servers"

@@ -141,7 +141,7 @@ async def fig_kernel_floor(args: argparse.Namespace) -> dict[str, Any]:
     """
     from jupyter_client.manager import start_new_async_kernel
 
-    from ipybox.kernel_mgr.server import _KERNEL_ARGS
+    from ipybox.app._gateway import _KERNEL_ARGS
 
     runs = 60 if args.quick else 300
     manager, client = await start_new_async_kernel(kernel_name="python3", extra_arguments=list(_KERNEL_ARGS))

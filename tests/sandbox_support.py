@@ -6,8 +6,8 @@ import os
 
 import pytest
 
+from ipybox.app import _sandbox
 from ipybox.errors import SandboxUnavailableError
-from ipybox.kernel_mgr import _sandbox
 
 
 def sandbox_missing() -> str | None:

@@ -652,7 +652,7 @@ def gateway_processes() -> list[psutil.Process]:
     return [
         p
         for p in psutil.Process().children(recursive=True)
-        if "ipybox.kernel_mgr._gateway_main" in " ".join(p.cmdline())
+        if "ipybox.gateway._main" in " ".join(p.cmdline())
     ]
 
 

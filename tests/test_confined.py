@@ -1,4 +1,4 @@
-"""`ipybox._confined`: trusted file access inside a folder that hostile code writes at the same time."""
+"""`ipybox.app._confined`: trusted file access inside a folder that hostile code writes at the same time."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox._confined import Confined, ConfinedPathError, TooLargeError, write_new
+from ipybox.app._confined import Confined, ConfinedPathError, TooLargeError, write_new
 from ipybox.code_exec import CodeExecutor
 from ipybox.mcp_apigen import generate_mcp_sources
 from tests.conftest import DEMO_SERVER

@@ -183,7 +183,7 @@ async def test_a_rejected_command_runs_nothing(walled: CodeExecutor, workdir: Pa
 
 
 async def test_the_filter_checks_the_architecture_first() -> None:
-    from ipybox.kernel_mgr import _exec_wall
+    from ipybox.kernel import _exec_wall
 
     for machine in ("x86_64", "aarch64"):
         program = _exec_wall.program(machine)
@@ -318,7 +318,7 @@ async def test_without_landlock_the_start_fails_and_says_what_to_do(
 ) -> None:
     # Stands in for a machine without Landlock (the check runs in the application, before any kernel).
     from ipybox.errors import SandboxUnavailableError
-    from ipybox.kernel_mgr import _exec_wall
+    from ipybox.kernel import _exec_wall
 
     monkeypatch.setattr(_exec_wall, "unavailable", lambda: "Landlock is not available (test)")
     with pytest.raises(SandboxUnavailableError, match="approve_shell_cmds=False"):

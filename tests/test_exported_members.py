@@ -21,7 +21,7 @@ def test_the_kernel_side_client_does_not_import_the_application_stack() -> None:
 
     code = (
         "import sys, ipybox.tool_exec.client\n"
-        "heavy = [m for m in ('httpx2', 'mcp', 'starlette', 'pydantic', 'ipybox.code_exec') if m in sys.modules]\n"
+        "heavy = [m for m in ('httpx2', 'mcp', 'starlette', 'pydantic', 'ipybox.app', 'ipybox.code_exec') if m in sys.modules]\n"
         "print(heavy)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

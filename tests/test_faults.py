@@ -27,8 +27,8 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+from ipybox.app._registry import ServerRegistry
 from ipybox.errors import ApprovalDecisionError
-from ipybox.tool_exec._registry import ServerRegistry
 from tests.conftest import DEMO_SERVER
 from tests.sandbox_support import require_sandbox
 
@@ -253,7 +253,7 @@ async def test_the_gateway_killed_mid_cell_is_reported_and_the_executor_recovers
         executor.execute(f"import time\nopen({str(started)!r}, 'x').close()\ntime.sleep(60)")
     )
     await until(started.exists)  # the cell runs
-    (gateway,) = descendants("ipybox.kernel_mgr._gateway_main")
+    (gateway,) = descendants("ipybox.gateway._main")
     for child in gateway.children(recursive=True):
         child.kill()
     gateway.kill()
@@ -268,7 +268,7 @@ async def test_the_gateway_killed_between_cells_is_reported_on_the_next_cell_and
     executor: CodeExecutor,
 ) -> None:
     await executor.execute("print('warm')")
-    (gateway,) = descendants("ipybox.kernel_mgr._gateway_main")
+    (gateway,) = descendants("ipybox.gateway._main")
     for child in gateway.children(recursive=True):
         child.kill()
     gateway.kill()
@@ -350,7 +350,7 @@ async def test_an_application_killed_with_sigkill_leaves_no_gateway_or_kernel_be
     try:
         assert await asyncio.wait_for(application.stdout.readline(), 120) == b"RUNNING\n"
         left = psutil.Process(application.pid).children(recursive=True)
-        assert any("_gateway_main" in " ".join(p.cmdline()) for p in left)
+        assert any("ipybox.gateway._main" in " ".join(p.cmdline()) for p in left)
         assert any("ipykernel_launcher" in " ".join(p.cmdline()) for p in left)
         application.kill()
         await application.wait()

@@ -20,9 +20,9 @@ import pytest
 import pytest_asyncio
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, generate_mcp_sources
+from ipybox.app import _mcp
+from ipybox.app import _tool_server as tool_server_module
 from ipybox.errors import ApprovalDecisionError, CodeExecutionError
-from ipybox.tool_exec import _mcp
-from ipybox.tool_exec import server as tool_server_module
 from ipybox.tool_exec.approval.client import ApprovalClient
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer

@@ -15,7 +15,7 @@ import pytest_asyncio
 
 from ipybox import CodeExecutionError, CodeExecutor
 from ipybox.errors import GatewayError
-from ipybox.kernel_mgr import _limits
+from ipybox.gateway import _limits
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.sandbox_support import require_sandbox
 

@@ -25,8 +25,8 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+from ipybox.app import _sandbox
 from ipybox.errors import SandboxUnavailableError
-from ipybox.kernel_mgr import _sandbox
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.conftest import DEMO_SERVER
@@ -415,7 +415,7 @@ async def test_the_gateway_imports_nothing_the_kernel_planted(executor: CodeExec
     marker = workdir / "hijacked.txt"
     plant = f"""
 import os
-payload = "import sys\\nif any('_gateway_main' in a for a in sys.orig_argv): open({str(marker)!r}, 'a').write('x')\\n"
+payload = "import sys\\nif any('ipybox.gateway._main' in a for a in sys.orig_argv): open({str(marker)!r}, 'a').write('x')\\n"
 os.makedirs('project/ipybox', exist_ok=True)
 os.makedirs('project/site', exist_ok=True)
 open('project/ipybox/__init__.py', 'w').write(payload)

@@ -3,6 +3,12 @@
 The public names are imported lazily: generated tool modules import
 ``ipybox.tool_exec.client`` inside every fresh kernel, and that import must not pay for
 the kernel gateway, the MCP SDK or the code generator.
+
+The tree follows the processes: ``app/`` runs in the application (trusted), ``gateway/`` in
+the kernel gateway's process and its launchers, ``kernel/`` inside the kernel beside the agent's
+code (standard library only), ``mcp_server/`` is the ``ipybox`` command. The public paths
+(``ipybox.code_exec``, ``ipybox.kernel_mgr``, ``ipybox.tool_exec``, ``ipybox.mcp_apigen``) are
+thin re-exports.
 """
 
 from __future__ import annotations
@@ -11,10 +17,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ipybox.code_exec import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+    from ipybox.app._apigen import generate_mcp_sources
+    from ipybox.app._approval_client import ApprovalRequest
+    from ipybox.app._executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
     from ipybox.errors import CodeExecutionError
-    from ipybox.mcp_apigen import generate_mcp_sources
-    from ipybox.tool_exec.approval.client import ApprovalRequest
 
 __all__ = [
     "ApprovalRequest",
@@ -26,12 +32,12 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "ApprovalRequest": "ipybox.tool_exec.approval.client",
-    "CodeExecutionChunk": "ipybox.code_exec",
+    "ApprovalRequest": "ipybox.app._approval_client",
+    "CodeExecutionChunk": "ipybox.app._executor",
     "CodeExecutionError": "ipybox.errors",
-    "CodeExecutionResult": "ipybox.code_exec",
-    "CodeExecutor": "ipybox.code_exec",
-    "generate_mcp_sources": "ipybox.mcp_apigen",
+    "CodeExecutionResult": "ipybox.app._executor",
+    "CodeExecutor": "ipybox.app._executor",
+    "generate_mcp_sources": "ipybox.app._apigen",
 }
 
 

@@ -6,7 +6,7 @@
 - `kill_tree`: stop a process with its descendants (and its process group); `running`.
 - `strip_ansi`: remove terminal escape sequences.
 
-Application side only: the kernel-side modules (``tool_exec/client.py``, ``kernel_mgr/_kernel_ext.py``)
+Application side only: the kernel-side modules (``kernel/_tool_client.py``, ``kernel/_ext.py``)
 use the standard library alone and must not import this module.
 """
 

@@ -3,7 +3,7 @@
 Every error derives from one root, so ``except IpyboxError`` catches anything ipybox
 raises on purpose. This module is public: import any of these names from ``ipybox.errors``.
 Some are also re-exported where the API reference puts them (``ExecutionError`` in
-``kernel_mgr.client``, ``ToolRunnerError`` in ``tool_exec.client``, ``CodeExecutionError``
+``ipybox.kernel_mgr.client``, ``ToolRunnerError`` in ``ipybox.tool_exec.client``, ``CodeExecutionError``
 in ``ipybox``)::
 
     IpyboxError

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipybox.kernel_mgr.client import _AnsiStripper
+from ipybox.app._kernel_client import _AnsiStripper
 
 
 @given(st.lists(st.integers(min_value=0, max_value=60), max_size=6))
@@ -20,7 +20,7 @@ def test_escape_sequences_split_across_chunks_are_removed_whole(cuts: list[int])
 def test_kept_text_is_whole_up_to_its_limit_and_else_its_head_and_tail() -> None:
     import random
 
-    from ipybox.kernel_mgr.client import KeptText
+    from ipybox.app._kernel_client import KeptText
 
     rng = random.Random(7)
     for _ in range(300):

@@ -1,6 +1,6 @@
 """Shell commands under approval, the shell-escape guard, a kept working directory and colourless output.
 
-Real executors and kernels: the kernel extension (``ipybox.kernel_mgr._kernel_ext``) is loaded by
+Real executors and kernels: the kernel extension (``ipybox.kernel._ext``) is loaded by
 every ipybox kernel, and `CodeExecutor` switches its parts on through the kernel's environment.
 """
 

@@ -68,7 +68,7 @@ async def test_starting_twice_raises() -> None:
 async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import ipybox.kernel_mgr.server as server
+    import ipybox.app._gateway as server
 
     with socket.socket() as squatter:  # another process wins the race for the picked port
         squatter.bind(("localhost", 0))

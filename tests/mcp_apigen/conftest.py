@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox.tool_exec._registry import ServerRegistry
+from ipybox.app._registry import ServerRegistry
 from ipybox.tool_exec.server import ToolServer
 
 

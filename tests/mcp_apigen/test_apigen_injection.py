@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.types import Tool
 
-from ipybox._codegen import docstring
-from ipybox.mcp_apigen import render_sources
+from ipybox.app._apigen import render_sources
+from ipybox.app._codegen import docstring
 from tests.mcp_apigen.apigen_support import check_source, import_module, importable, write_sources
 
 CANARY = Path(tempfile.mkdtemp(prefix="ipybox-canary-")) / "CANARY"

@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ipybox._codegen import module_name, module_names
+from ipybox.app._apigen import render_sources
+from ipybox.app._codegen import module_name, module_names
+from ipybox.app._registry import ServerRegistry
 from ipybox.errors import MCPServerError, ServerParamsError
-from ipybox.mcp_apigen import generate_mcp_sources, render_sources
-from ipybox.tool_exec._registry import ServerRegistry
+from ipybox.mcp_apigen import generate_mcp_sources
 from tests.mcp_apigen.apigen_support import (
     TOOLS_SERVER,
     check_source,

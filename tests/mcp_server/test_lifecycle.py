@@ -79,7 +79,7 @@ def _start_busy_server(workspace: Path, module: str = "ipybox") -> tuple[subproc
         assert not response["result"].get("isError"), response
     tree = {child.pid for child in psutil.Process(process.pid).children(recursive=True)}
     names = " ".join(" ".join(psutil.Process(pid).cmdline()) for pid in tree)
-    assert "ipykernel" in names and "kernel_mgr._gateway_main" in names and "demo_server" in names
+    assert "ipykernel" in names and "ipybox.gateway._main" in names and "demo_server" in names
     return process, tree | {process.pid}
 
 

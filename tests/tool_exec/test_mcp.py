@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from ipybox.app._mcp import MCPSession, list_tools
+from ipybox.app._params import HttpParams, StdioParams, resolve_params
 from ipybox.errors import MCPServerError, ServerParamsError
-from ipybox.tool_exec._mcp import MCPSession, list_tools
-from ipybox.tool_exec._params import HttpParams, StdioParams, resolve_params
 from tests.conftest import DEMO_SERVER
 from tests.tool_exec.tool_exec_support import descendants, pid_alive, wait_until
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from ipybox.app._params import StdioParams, confine, resolve_params
 from ipybox.errors import ServerParamsError
-from ipybox.tool_exec._params import StdioParams, confine, resolve_params
 
 
 def test_confine_checks_the_real_path_of_every_file_a_server_starts_from(tmp_path: Path) -> None:

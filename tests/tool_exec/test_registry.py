@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox.tool_exec._registry import ServerRegistry, default_registry_path
+from ipybox.app._registry import ServerRegistry, default_registry_path
 
 
 def test_the_default_file_is_in_the_state_dir_named_by_the_environment(state_dir: Path) -> None:
@@ -60,7 +60,7 @@ def test_a_registration_by_another_process_is_found() -> None:
     registry.register("first", {"command": "a"})
     assert registry.lookup("second") is None
     code = (
-        "from ipybox.tool_exec._registry import ServerRegistry\n"
+        "from ipybox.app._registry import ServerRegistry\n"
         "ServerRegistry().register('second', {'command': 'b'})\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())

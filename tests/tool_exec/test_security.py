@@ -25,8 +25,8 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
-from ipybox.tool_exec import client as client_module
-from ipybox.tool_exec._registry import ServerRegistry
+from ipybox.app._registry import ServerRegistry
+from ipybox.kernel import _tool_client as client_module
 from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError, run_tool
 from ipybox.tool_exec.server import ToolServer
@@ -140,7 +140,7 @@ async def test_s1_a_server_registered_by_another_process_is_found(
 ) -> None:
     code = (
         "import sys\n"
-        "from ipybox.tool_exec._registry import ServerRegistry\n"
+        "from ipybox.app._registry import ServerRegistry\n"
         "ServerRegistry().register('late', {'command': sys.executable, 'args': [sys.argv[1]]})\n"
     )
     demo = DEMO_SERVER

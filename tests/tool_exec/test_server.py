@@ -17,7 +17,7 @@ import httpx2
 import pytest
 from pydantic import BaseModel
 
-from ipybox.tool_exec._registry import ServerRegistry
+from ipybox.app._registry import ServerRegistry
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer
 from tests.conftest import DEMO_SERVER

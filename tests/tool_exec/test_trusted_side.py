@@ -185,7 +185,7 @@ def installation() -> tuple[list[Path], Path]:
     """The Python environment, ipybox's package and srt's code, and the folder holding all three
     (a checkout run with `uv run`)."""
     import ipybox
-    from ipybox.kernel_mgr import _sandbox
+    from ipybox.app import _sandbox
 
     targets = [Path(sys.prefix), Path(ipybox.__file__).parent, Path(_sandbox.find_srt()).resolve().parent]
     common = targets[0]

@@ -39,8 +39,9 @@ from urllib.parse import urlsplit
 
 import anyio
 
-from ipybox.kernel_mgr import _kernel_launch, _sandbox
-from ipybox.tool_exec._registry import default_registry_path
+from ipybox.app import _sandbox
+from ipybox.app._registry import default_registry_path
+from ipybox.gateway import _kernel_launch
 
 _OUTPUT_LIMIT = 4000
 # A requirement (name, extras, version specifiers, markers) or a VCS/URL requirement; no

@@ -18,8 +18,8 @@ from dotenv import dotenv_values
 from mcp.server import Server, ServerRequestContext
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from ipybox._confined import Confined, ConfinedPathError
-from ipybox.code_exec import CodeExecutor
+from ipybox.app._confined import Confined, ConfinedPathError
+from ipybox.app._executor import CodeExecutor
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
 from ipybox.mcp_server._install import Installer, packages_dir
@@ -138,7 +138,7 @@ class Settings:
         file tools too."""
         if self.sandbox_config is None:
             return _files.Rules()
-        from ipybox.kernel_mgr._sandbox import load_config
+        from ipybox.app._sandbox import load_config
 
         return _files.Rules.from_sandbox_config(folder or self.workspace, load_config(self.sandbox_config))
 

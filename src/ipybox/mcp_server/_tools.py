@@ -15,8 +15,10 @@ import anyio
 import mcp_types as types
 from pydantic import Field
 
-from ipybox._confined import Confined, ConfinedPathError, relative_parts
-from ipybox.code_exec import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+from ipybox.app._approval_client import ApprovalRequest
+from ipybox.app._confined import Confined, ConfinedPathError, relative_parts
+from ipybox.app._executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+from ipybox.app._kernel_client import DEFAULT_MAX_OUTPUT_CHARS, KeptText
 from ipybox.errors import (
     ApiGenerationError,
     CodeExecutionError,
@@ -24,11 +26,9 @@ from ipybox.errors import (
     MCPServerError,
     ServerParamsError,
 )
-from ipybox.kernel_mgr.client import DEFAULT_MAX_OUTPUT_CHARS, KeptText
 from ipybox.mcp_server import _files, _output
 from ipybox.mcp_server._declare import Declared, declare
 from ipybox.mcp_server._install import Installer, InstallError
-from ipybox.tool_exec.approval.client import ApprovalRequest
 
 Progress = Callable[[float, str], Awaitable[None]]
 """Reports progress of a running tool: seconds elapsed and the latest output line."""
@@ -206,7 +206,7 @@ class ToolSession:
         ],
     ) -> types.CallToolResult:
         """Generate `mcptools/<server_name>/` and record the server for the tool server."""
-        from ipybox.mcp_apigen import generate_mcp_sources
+        from ipybox.app._apigen import generate_mcp_sources
 
         # An early, friendly refusal of a link in place of mcptools/ (before the server is
         # recorded); the write itself is confined whatever happens in between.
@@ -219,7 +219,7 @@ class ToolSession:
         # started for the listing (the tool server checks again at every start).
         tool_server = self.executor._tool_server
         if tool_server is not None and tool_server.kernel_writable:
-            from ipybox.tool_exec._params import StdioParams, confine, resolve_params
+            from ipybox.app._params import StdioParams, confine, resolve_params
 
             try:
                 resolved = resolve_params(server_params)

@@ -1,0 +1,569 @@
+"""`CodeExecutor`: kernel, tool server and approval composed into one SDK object."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import secrets
+import shutil
+import sys
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import anyio
+import httpx2
+
+from ipybox.app import _sandbox
+from ipybox.app._approval_client import ApprovalClient, ApprovalRequest
+from ipybox.app._gateway import KernelGateway
+from ipybox.app._kernel_client import ExecutionResult, KernelClient
+from ipybox.app._registry import ServerRegistry
+from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
+from ipybox.errors import (
+    ApprovalError,
+    CodeExecutionError,
+    ExecutionError,
+    KernelConnectionError,
+    KernelDiedError,
+)
+
+__all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
+
+
+@dataclass(frozen=True)
+class CodeExecutionResult:
+    """The result of code that ran to completion.
+
+    Attributes:
+        text: The complete output text, or ``None`` if the code printed nothing.
+        images: Paths of the PNG images the code displayed.
+    """
+
+    text: str | None
+    images: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CodeExecutionChunk:
+    """A piece of output, yielded by `CodeExecutor.stream` with ``chunks=True``.
+
+    Attributes:
+        text: The output text of this chunk.
+    """
+
+    text: str
+
+
+_Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
+# Seconds the gateway and kernels get to exit after SIGTERM when the executor stops; they
+# hold no state worth a longer wait, and then they are killed.
+_STOP_GRACE = 0.05
+
+
+class CodeExecutor:
+    """Runs Python in a stateful IPython kernel, with MCP tool calls approved by the application.
+
+    `start()` launches a tool server and a Jupyter Kernel Gateway and connects a kernel.
+    Code may call the modules written by `generate_mcp_sources`; every such call pauses
+    the code and surfaces as an `ApprovalRequest` from `stream()`, to be accepted or
+    rejected. The tool server runs only MCP servers recorded by `generate_mcp_sources`,
+    takes calls only with a token the kernel receives, and takes decisions only from this
+    executor, so code in the kernel cannot run, approve or redirect tool calls itself.
+
+    Example:
+        .. code-block:: python
+
+            async with CodeExecutor() as executor:
+                async for item in executor.stream(code):
+                    match item:
+                        case ApprovalRequest():
+                            await item.accept()
+                        case CodeExecutionResult():
+                            print(item.text)
+
+    Args:
+        tool_server_host: Host the tool server binds to (the kernel connects to it).
+        tool_server_port: Port of the tool server; ``None`` picks a free one.
+        kernel_gateway_host: Host the kernel gateway binds to.
+        kernel_gateway_port: Port of the kernel gateway; ``None`` picks a free one.
+        kernel_env: Environment variables for the kernel, names and values strings. The kernel
+            does not inherit the application's environment.
+        images_dir: Folder for PNG images the code displays; default ``./images``.
+        approval_timeout: Seconds to wait for each approval decision.
+        connect_timeout: Seconds to wait for an MCP server to start.
+        sandbox: Run the kernel inside Anthropic's sandbox-runtime (``srt``): no network but the
+            tool server, no Unix socket of the host, nothing of the home folder but the working
+            directory and the kernel's Python, no ``.env``; writes only to the working directory
+            (never to ``.git``, editor and agent configuration) and private folders, and the
+            application's processes out of sight. See the README's sandbox section.
+        sandbox_config: Path of an srt settings file that replaces the default settings (needs
+            ``sandbox=True``); the fixed rules (protected names, the trusted registry, credential
+            files, the tool server reachable) hold whatever it says.
+        log_level: Log level of the tool server and kernel gateway.
+        approve_tool_calls: Whether MCP tool calls wait for approval; ``False`` lets them run
+            unasked (shell commands still ask with ``approve_shell_cmds``).
+        approve_shell_cmds: Whether shell commands in cells (``!cmd``, ``x = !cmd``, ``%%bash``,
+            ``%%sh``, ``%%script``) wait for approval like tool calls: an `ApprovalRequest` with
+            ``server_name="ipybox"`` and ``tool_name="shell"`` (``tool_args={"cmd": <the command
+            with variables filled in>}``) or ``tool_name="shell_magic"`` (``{"magic", "cmd": <the
+            cell>}``, and ``"args"`` when the magic's program has arguments). With ``sandbox=True``
+            this is a wall, not a guard: the kernel cannot start any program (a seccomp filter), and
+            an approved command runs on the tool server in a new sandbox with the kernel's settings.
+        require_shell_escape: Refuse processes started directly from cell code (``subprocess``,
+            ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn*``, ``pty.spawn``) with an
+            error that says to use ``!``. A Python-level guard that code can undo: it keeps an
+            agent on the approved path, it does not stop hostile code.
+        memory_limit: Memory for the kernel together with every process it starts, in bytes or as
+            ``"512M"``/``"2G"``; ``None``: no limit. Enforced with a control group where one can be
+            created (the kernel is killed when it goes over: the execution fails with a message
+            that says so, and a fresh kernel replaces it), else per process with ``RLIMIT_DATA``
+            (an allocation over it raises ``MemoryError``). Sandboxed, srt's own process counts too.
+        max_processes: Processes and threads the kernel may run at once, itself and everything it
+            starts included (at least 16); ``None``: no limit. A fork bomb then fails to fork, and
+            its processes are killed with the kernel's next replacement or at `stop()`.
+        working_dir: The kernel's working directory, an existing folder. The kernel starts there,
+            and after every cell that moved away (or deleted the folder it was in) it is put back,
+            with a note in the output. ``None``: the application's working directory, and
+            ``os.chdir`` persists.
+        spare_kernel: Keep a spare kernel warm so that `reset()` takes milliseconds; ``False``
+            saves that kernel's memory (the MCP server's HTTP sessions do).
+        max_result_size: Bytes one tool result may have on its way to the kernel (binary content
+            counts as its base64; default 32 MiB); a larger result fails that call with an error
+            naming the limit, and the next call works.
+        sandbox_hidden: With ``sandbox=True``: folders the kernel can neither read nor write,
+            whatever `sandbox_config` says, except `working_dir` when it lies inside one (the MCP
+            server hides its sessions' folders from each other this way).
+    """
+
+    def __init__(
+        self,
+        tool_server_host: str = "localhost",
+        tool_server_port: int | None = None,
+        kernel_gateway_host: str = "localhost",
+        kernel_gateway_port: int | None = None,
+        kernel_env: dict[str, str] | None = None,
+        images_dir: Path | None = None,
+        approval_timeout: float = 60,
+        connect_timeout: float = 30,
+        sandbox: bool = False,
+        sandbox_config: Path | None = None,
+        log_level: str = "WARNING",
+        *,
+        approve_tool_calls: bool = True,
+        approve_shell_cmds: bool = False,
+        require_shell_escape: bool = False,
+        working_dir: Path | str | None = None,
+        memory_limit: int | str | None = None,
+        max_processes: int | None = None,
+        spare_kernel: bool = True,
+        max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
+        sandbox_hidden: tuple[Path, ...] = (),
+    ) -> None:
+        if sandbox_config is not None and not sandbox:
+            raise ValueError(
+                f"sandbox_config={str(sandbox_config)!r} was given without sandbox=True; the kernel would run "
+                "unsandboxed. Pass sandbox=True as well, or drop sandbox_config."
+            )
+        if max_result_size <= 0:
+            raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
+        self.tool_server_host = tool_server_host
+        self.tool_server_port = tool_server_port
+        self.kernel_gateway_host = kernel_gateway_host
+        self.kernel_gateway_port = kernel_gateway_port
+        self.kernel_env = _checked_env(kernel_env)
+        self.images_dir = images_dir
+        self.approval_timeout = approval_timeout
+        self.connect_timeout = connect_timeout
+        self.sandbox = sandbox
+        self.sandbox_config = sandbox_config
+        self.log_level = log_level
+        self.approve_tool_calls = approve_tool_calls
+        self.approve_shell_cmds = approve_shell_cmds
+        self.require_shell_escape = require_shell_escape
+        self.working_dir = Path(working_dir).resolve() if working_dir is not None else None
+        self.memory_limit = memory_limit
+        self.max_processes = max_processes
+        self.spare_kernel = spare_kernel
+        self.max_result_size = max_result_size
+        self.sandbox_hidden = sandbox_hidden
+        self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
+        self._tool_server: ToolServer | None = None
+        self._kernel: KernelClient | None = None
+        self._gateway: KernelGateway | None = None
+        self._lock = asyncio.Lock()
+        self._requests: asyncio.Queue[_Item | None] | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._socket_dir: Path | None = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Start the tool server and kernel gateway and connect a kernel.
+
+        A start that fails stops whatever it had started.
+
+        Raises:
+            RuntimeError: If the executor is already started, or the tool server cannot
+                bind its port.
+            GatewayError: If the kernel gateway could not start.
+            ValueError: If `working_dir` is not an existing folder.
+            KernelConnectionError: If no kernel could be created.
+            ApprovalConnectionError: If the approval connection to the tool server failed.
+        """
+        if self._parts is not None:
+            raise RuntimeError("The code executor is already started; call stop() first.")
+        # .env of the working directory is read when an MCP server starts (app._params),
+        # not copied into this process's environment.
+        token = secrets.token_urlsafe(32)
+        gateway_token = secrets.token_urlsafe(32)
+        approval_secret = secrets.token_urlsafe(32)
+        async with AsyncExitStack() as stack:
+            # A sandboxed kernel has no network: it reaches the tool server through a Unix socket,
+            # in a folder other executors' kernels cannot see.
+            socket_dir = _sandbox.tools_dir() if self.sandbox else None
+            if socket_dir is not None:
+                stack.callback(shutil.rmtree, socket_dir, True)
+            tool_server = ToolServer(
+                host=self.tool_server_host,
+                port=self.tool_server_port or 0,
+                approval_required=True,
+                approval_timeout=self.approval_timeout,
+                connect_timeout=self.connect_timeout,
+                log_level=self.log_level,
+                log_to_stderr=True,
+                registry=ServerRegistry(),
+                scope=self.working_dir or Path.cwd().resolve(),
+                token=token,
+                approval_secret=approval_secret,
+                approve_tool_calls=self.approve_tool_calls,
+                max_result_size=self.max_result_size,
+                uds=socket_dir / "tools.sock" if socket_dir is not None else None,
+            )
+            await stack.enter_async_context(tool_server)
+            kernel_env = {
+                **self._kernel_settings(),
+                "TOOL_SERVER_HOST": self.tool_server_host,
+                "TOOL_SERVER_PORT": str(tool_server.port),
+                "TOOL_SERVER_TOKEN": token,
+            }
+            if tool_server.uds is not None:
+                kernel_env["TOOL_SERVER_SOCKET"] = str(tool_server.uds)
+            gateway = KernelGateway(
+                host=self.kernel_gateway_host,
+                port=self.kernel_gateway_port,
+                sandbox=self.sandbox,
+                sandbox_config=self.sandbox_config,
+                log_level=self.log_level,
+                env=kernel_env,
+                auth_token=gateway_token,
+                working_dir=self.working_dir,
+                memory_limit=self.memory_limit,
+                max_processes=self.max_processes,
+                sandbox_hidden=self.sandbox_hidden,
+            )
+            await stack.enter_async_context(gateway)
+            tool_server.kernel_writable = gateway.kernel_writable
+            tool_server.kernel_readonly = gateway.kernel_readonly
+            tool_server.shell_runner = gateway.shell_runner() if self._exec_wall else None
+            kernel = KernelClient(
+                host=self.kernel_gateway_host,
+                port=gateway.port,
+                images_dir=self.images_dir,
+                auth_token=gateway_token,
+                spare_kernel=self.spare_kernel,
+            )
+            await stack.enter_async_context(kernel)
+            approval = ApprovalClient(
+                callback=self._on_approval_request,
+                host=self.tool_server_host,
+                port=tool_server.port,
+                secret=approval_secret,
+            )
+            await stack.enter_async_context(approval)
+            self._tool_server, self._kernel, self._gateway = tool_server, kernel, gateway
+            self._parts = (approval, kernel, gateway, tool_server)
+            self._socket_dir = socket_dir
+            # From here on stop() takes everything down; the stack only served a failed start.
+            stack.pop_all()
+
+    async def stop(self) -> None:
+        """Stop the kernel, the kernel gateway and the tool server with its MCP servers.
+
+        Stopping a stopped executor does nothing.
+        """
+        parts, self._parts = self._parts, None
+        self._tool_server = self._kernel = self._gateway = None
+        if parts is None:
+            return
+        approval, kernel, gateway, tool_server = parts
+        try:
+            await approval.disconnect()
+            # The gateway takes its kernels down with it: no shutdown request per kernel.
+            await kernel.disconnect(shutdown_kernels=False)
+        finally:
+            # Both run to their end even if one fails; the first failure is raised.
+            outcomes = await asyncio.gather(
+                gateway.stop(timeout=_STOP_GRACE), tool_server.stop(), return_exceptions=True
+            )
+            if self._socket_dir is not None:
+                shutil.rmtree(self._socket_dir, ignore_errors=True)
+                self._socket_dir = None
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+
+    async def reset(self) -> None:
+        """Give the executor a fresh kernel and stop all MCP servers.
+
+        Variables, imports and definitions are gone; MCP servers start again on their
+        next tool call.
+
+        Raises:
+            RuntimeError: If the executor is not started.
+            KernelConnectionError: If no fresh kernel could be created.
+        """
+        kernel, tool_server = self._require_started()
+        async with self._lock:
+            # Both resets run to their end even when one fails; the first failure is raised.
+            outcomes = await asyncio.gather(kernel.reset(), tool_server.reset(), return_exceptions=True)
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException):
+                    raise outcome
+
+    async def cancel(self) -> None:
+        """Interrupt the running execution, if any, from another task.
+
+        The interrupted `stream()` or `execute()` raises `CodeExecutionError` with
+        ``ename == "KeyboardInterrupt"``; the kernel keeps its state.
+
+        Raises:
+            RuntimeError: If the executor is not started.
+        """
+        kernel, _ = self._require_started()
+        runner = self._runner
+        if self._lock.locked() and runner is not None and not runner.done():
+            # Sent once the kernel has started the code, however long that takes, unless the
+            # execution ends first.
+            await kernel.interrupt(wait_until_started=True, ended=runner)
+
+    async def execute(self, code: str, timeout: float = 120) -> CodeExecutionResult:
+        """Run code, approving every tool call it makes, and return the result.
+
+        Args:
+            code: Python code; top-level ``await`` works.
+            timeout: Seconds the whole execution may take.
+
+        Returns:
+            The complete output text and images.
+
+        Raises:
+            CodeExecutionError: If the code raised, including a failed tool call.
+            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
+                its state and the executor stays usable.
+            RuntimeError: If the executor is not started.
+        """
+        async with contextlib.aclosing(self.stream(code, timeout=timeout)) as items:
+            async for item in items:
+                if isinstance(item, ApprovalRequest):
+                    await item.accept()
+                elif isinstance(item, CodeExecutionResult):
+                    return item
+        raise AssertionError("stream() always ends with a CodeExecutionResult")  # pragma: no cover
+
+    async def stream(
+        self, code: str, timeout: float = 120, chunks: bool = False
+    ) -> AsyncGenerator[_Item, None]:
+        """Run code, yielding approval requests, output chunks and the final result.
+
+        Every tool call the code makes is yielded as an `ApprovalRequest`, and waits until
+        it is accepted or rejected (or `approval_timeout` passes). A rejected call raises
+        inside the kernel. A second `stream()` on the same executor waits for the first.
+
+        Args:
+            code: Python code; top-level ``await`` works.
+            timeout: Seconds the whole execution may take, approval waits included.
+            chunks: Also yield `CodeExecutionChunk` items as output arrives.
+
+        Yields:
+            `ApprovalRequest` and (with ``chunks=True``) `CodeExecutionChunk` items, then
+            one `CodeExecutionResult`.
+
+        Raises:
+            CodeExecutionError: If the code raised, a tool call was rejected or failed, or
+                the kernel died (it is replaced by a fresh one; state is lost).
+            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
+                its state and the executor stays usable.
+            RuntimeError: If the executor is not started.
+        """
+        kernel, _ = self._require_started()
+        async with self._lock:
+            items: asyncio.Queue[_Item | None] = asyncio.Queue()  # None ends the stream
+            self._requests = items
+            runner = asyncio.create_task(
+                self._run(kernel.stream(code, timeout=timeout), kernel, chunks, items)
+            )
+            self._runner = runner
+            handed: list[ApprovalRequest] = []
+            try:
+                while (item := await items.get()) is not None:
+                    if isinstance(item, ApprovalRequest):
+                        # Only undecided requests are kept (a request holds its arguments): a
+                        # cell making many calls does not keep them all until it ends.
+                        handed = [request for request in handed if not request.decided]
+                        handed.append(item)
+                    yield item
+                await runner
+            finally:
+                self._requests = None
+                # Nobody is left to decide on calls still waiting, whether handed out or not:
+                # refuse them now, so that a decision arriving later runs nothing.
+                while not items.empty():
+                    if isinstance(pending := items.get_nowait(), ApprovalRequest):
+                        handed.append(pending)
+                # Shielded: a caller cancelled through an anyio scope (an MCP client's cancel)
+                # is cancelled again at every await, which would skip the interrupt.
+                with anyio.CancelScope(shield=True):
+                    for request in handed:
+                        if not request.decided:
+                            with contextlib.suppress(ApprovalError):
+                                await request.reject()
+                    if not runner.done():
+                        runner.cancel()
+                        await asyncio.wait({runner})
+                        with contextlib.suppress(KernelConnectionError):
+                            await kernel.interrupt()
+
+    async def _run(
+        self,
+        outputs: AsyncGenerator[str | ExecutionResult, None],
+        kernel: KernelClient,
+        chunks: bool,
+        items: asyncio.Queue[_Item | None],
+    ) -> None:
+        try:
+            async for item in outputs:
+                if isinstance(item, ExecutionResult):
+                    items.put_nowait(CodeExecutionResult(text=item.text, images=item.images))
+                elif chunks:
+                    items.put_nowait(CodeExecutionChunk(text=item))
+        except KernelDiedError as exc:
+            message = await self._replace_dead_kernel(kernel)
+            if exc.ename == "KernelOutputTooLarge":
+                message = f"{exc.evalue} {message}"
+            raise CodeExecutionError(
+                message, ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
+            ) from exc
+        except ExecutionError as exc:
+            raise CodeExecutionError(
+                str(exc), ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
+            ) from exc
+        finally:
+            items.put_nowait(None)
+
+    async def _replace_dead_kernel(self, kernel: KernelClient) -> str:
+        """After the kernel died mid-execution: a fresh kernel, on a fresh gateway if the
+        gateway went too; the message for the execution that was hit."""
+        lost = "all variables, imports and definitions are gone"
+        gateway = self._gateway
+        if gateway is None:  # stopped meanwhile
+            return "The kernel died while running the code, and the executor was stopped."
+        # A dead gateway is checked first: its spare kernel's connection may not have noticed yet,
+        # so a reset onto the spare would "succeed" and leave the next execution to fail.
+        if gateway.running:
+            died = "The kernel died while running the code"
+            if gateway.memory_exceeded():
+                died = (
+                    f"The kernel was killed because it used more than its memory limit ({self.memory_limit}) "
+                    "while running the code"
+                )
+            try:
+                await kernel.reset()
+                # A gateway killed just after its kernel may still look alive, and the spare's
+                # connection may not have noticed yet: one round trip proves the fresh kernel works.
+                await kernel.execute("", timeout=10)
+                return f"{died}; a fresh kernel has replaced it and {lost}."
+            except (KernelConnectionError, ExecutionError, TimeoutError, httpx2.HTTPError, OSError):
+                pass  # no working kernel: the gateway itself is gone or broken
+        try:
+            await kernel.disconnect()
+            await gateway.stop()
+            await gateway.start()
+            if self._tool_server is not None:
+                self._tool_server.kernel_writable = gateway.kernel_writable
+                self._tool_server.kernel_readonly = gateway.kernel_readonly
+                self._tool_server.shell_runner = gateway.shell_runner() if self._exec_wall else None
+            kernel.port = gateway.port
+            await kernel.connect()
+        except Exception as error:
+            return (
+                "The kernel gateway died while running the code, and starting a new one failed "
+                f"({error}); stop() and start() the executor to try again."
+            )
+        return (
+            "The kernel gateway died while running the code; ipybox started a new gateway and "
+            f"kernel, and {lost}."
+        )
+
+    async def _on_approval_request(self, request: ApprovalRequest) -> None:
+        if self._requests is None:
+            # No execution is running (e.g. a thread the code left behind): nobody can decide.
+            await request.reject()
+        else:
+            self._requests.put_nowait(request)
+
+    def _kernel_settings(self) -> dict[str, str]:
+        """The kernel's environment before the tool server's address: `kernel_env` and what the
+        kernel extension (``ipybox.kernel._ext``) reads."""
+        env = dict(self.kernel_env)
+        if self.working_dir is not None:
+            env["IPYBOX_WORKING_DIR"] = str(self.working_dir)
+        if self.approve_shell_cmds:
+            env["IPYBOX_APPROVE_SHELL"] = "1"
+        if self._exec_wall:
+            env["IPYBOX_EXEC_WALL"] = "1"
+        if self.require_shell_escape:
+            env["IPYBOX_REQUIRE_SHELL_ESCAPE"] = "1"
+        return env
+
+    @property
+    def _exec_wall(self) -> bool:
+        """Whether the kernel cannot start programs, and its approved shell commands run on the
+        tool server in a sandbox of their own (sandboxed on Linux, with shell commands approved;
+        macOS has no such filter: there shell approval stays a guard in the kernel)."""
+        return self.sandbox and self.approve_shell_cmds and sys.platform == "linux"
+
+    def _require_started(self) -> tuple[KernelClient, ToolServer]:
+        if self._kernel is None or self._tool_server is None:
+            raise RuntimeError("The code executor is not started; call start() or use 'async with'.")
+        return self._kernel, self._tool_server
+
+
+def _checked_env(kernel_env: Mapping[str, str] | None) -> dict[str, str]:
+    """`kernel_env` as a dict, refused here with its offending entry rather than later by subprocess."""
+    if kernel_env is None:
+        return {}
+    if not isinstance(kernel_env, Mapping):
+        raise ValueError(f"kernel_env must be a dict of strings to strings, not {type(kernel_env).__name__}.")
+    for name, value in kernel_env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ValueError(
+                f"kernel_env has the name {name!r}: names of environment variables are non-empty strings "
+                "without '=' or NUL."
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(
+                f"kernel_env[{name!r}] is {value!r} ({type(value).__name__}); values of environment variables "
+                f"are strings without NUL: pass str(value), e.g. {{{name!r}: {str(value)!r}}}."
+            )
+    return dict(kernel_env)

@@ -1,0 +1,613 @@
+"""Run a Jupyter Kernel Gateway as a child process."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import httpx2
+import psutil
+
+from ipybox._infra import kill_tree, listen, running
+from ipybox.app import _sandbox
+from ipybox.app._registry import default_registry_path
+from ipybox.app._shell import ShellRunner
+from ipybox.errors import GatewayError, SandboxUnavailableError
+from ipybox.gateway import _kernel_launch, _limits
+from ipybox.kernel import _exec_wall
+
+_LOG_TAIL_LINES = 40
+_PORT_ATTEMPTS = 5
+
+
+def free_port(host: str = "localhost") -> int:
+    """Return a TCP port on `host` that is free right now."""
+    with listen(host, 0) as sock:
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class KernelGateway:
+    """A Jupyter Kernel Gateway running as a child process of the application.
+
+    The gateway serves the REST and WebSocket API that `KernelClient` uses to create
+    IPython kernels and run code in them. Kernels do not inherit the application's
+    environment: they get exactly ``PATH`` plus the variables in `env`.
+
+    Example:
+        .. code-block:: python
+
+            async with KernelGateway(port=0) as gateway:
+                async with KernelClient(port=gateway.port) as client:
+                    result = await client.execute("print(1 + 1)")
+
+    Args:
+        host: Host name or address the gateway binds to.
+        port: Port the gateway listens on; ``None`` or ``0`` picks a free one (read it
+            from `port` after `start()`).
+        sandbox: Run each kernel inside Anthropic's sandbox-runtime (``srt``); the gateway itself
+            stays outside and talks to the kernel over ZMQ ``ipc://`` sockets. A Unix socket named
+            by ``TOOL_SERVER_SOCKET`` in `env` stays reachable from inside.
+        sandbox_config: Path of an srt settings file that replaces the default settings (the
+            trusted registry stays unwritable and the tool server reachable whatever it says).
+        log_level: Log level of the gateway process.
+        log_to_stderr: Forward the gateway's log lines to this process's stderr. Either
+            way the last lines are kept and reported if the gateway fails.
+        env: Environment variables for the kernels the gateway starts.
+        auth_token: If set, the gateway answers only requests that carry this token
+            (give the same token to `KernelClient`), so other local users cannot reach
+            its kernels.
+        working_dir: Where kernels start (and what the sandbox lets them write); default the
+            current directory.
+        memory_limit: Memory for each kernel together with every process it starts, in bytes
+            or as ``"512M"``/``"2G"``; ``None``: no limit. See `CodeExecutor` for how it holds.
+        max_processes: Processes and threads each kernel may have at once, itself and every
+            process it starts included; ``None``: no limit.
+        sandbox_hidden: Folders a sandboxed kernel can neither read nor write, whatever
+            `sandbox_config` says, except `working_dir` when it lies inside one.
+    """
+
+    def __init__(
+        self,
+        host: str = "localhost",
+        port: int | None = 8888,
+        sandbox: bool = False,
+        sandbox_config: Path | None = None,
+        log_level: str = "INFO",
+        log_to_stderr: bool = False,
+        env: dict[str, str] | None = None,
+        *,
+        auth_token: str | None = None,
+        working_dir: Path | None = None,
+        memory_limit: int | str | None = None,
+        max_processes: int | None = None,
+        sandbox_hidden: tuple[Path, ...] = (),
+    ) -> None:
+        if sandbox_config is not None and not sandbox:
+            raise ValueError(
+                f"sandbox_config={str(sandbox_config)!r} was given without sandbox=True; the kernel would run "
+                "unsandboxed. Pass sandbox=True as well, or drop sandbox_config."
+            )
+        if max_processes is not None and max_processes < 16:
+            raise ValueError(
+                f"max_processes must be at least 16 (a kernel runs several threads), not {max_processes!r}."
+            )
+        self.memory_limit = _limits.parse_memory(memory_limit) if memory_limit is not None else None
+        self.max_processes = max_processes
+        self._limits = _limits.KernelLimits(None, None)
+        self.host = host
+        self.working_dir = Path(working_dir or Path.cwd()).resolve()
+        self.sandbox_hidden = tuple(Path(folder).resolve() for folder in sandbox_hidden)
+        self.auth_token = auth_token
+        self.port = port or 0
+        self.sandbox = sandbox
+        self.sandbox_config = sandbox_config
+        self.log_level = _gateway_log_level(log_level)
+        self.log_to_stderr = log_to_stderr
+        self.env = dict(env or {})
+        loaders = sorted(
+            key for key in self.env if key.startswith(_LOADER_ENV_PREFIXES) or key in _LOADER_ENV_KEYS
+        )
+        if loaders:
+            raise ValueError(
+                f"Kernel variables {', '.join(loaders)} cannot be set: the gateway and srt (trusted "
+                "processes outside the sandbox) would load code from them. Set them inside the kernel "
+                "instead (os.environ in a cell)."
+            )
+        self._process: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._log_tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
+        self._announced = asyncio.Event()
+        self._jupyter_dir: Path | None = None
+        self._srt = ""
+        self._sandbox_config: dict[str, Any] | None = None
+        # What a sandboxed kernel may write (its settings' allowWrite); trusted programs never run
+        # from there (see ipybox.app._params.confine).
+        self.kernel_writable: tuple[Path, ...] = ()
+        self.kernel_readonly: tuple[Path, ...] = ()
+
+    @property
+    def url(self) -> str:
+        """Base HTTP URL of the gateway."""
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        """Whether the gateway process is alive (one that exited but is not reaped yet is not)."""
+        process = self._process
+        if process is None or process.returncode is not None:
+            return False
+        try:
+            return running(psutil.Process(process.pid))
+        except psutil.Error:
+            return False
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    async def start(self, timeout: float = 60) -> None:
+        """Start the gateway and wait until it answers HTTP requests.
+
+        Args:
+            timeout: Seconds to wait for the gateway to answer.
+
+        Raises:
+            GatewayError: If the gateway is already running, exits during start (for
+                example because the port is in use), or does not answer in time. The
+                message includes the gateway's last lines of output.
+            SandboxUnavailableError: If ``sandbox=True`` and srt or a program it needs is
+                missing (the message says what to install), or `sandbox_config` is unusable, or
+                the kernel's wall against starting programs (``IPYBOX_EXEC_WALL``) cannot be
+                installed on this machine. The kernel never runs unsandboxed instead.
+            ValueError: If `working_dir` is not an existing folder.
+        """
+        if self._process is not None:
+            raise GatewayError("The kernel gateway is already running; call stop() before start().")
+        if not self.working_dir.is_dir():
+            # Unchecked, a kernel started in the gateway's private folder instead, and a sandboxed
+            # one never started (its start waited for it without end).
+            raise ValueError(
+                f"working_dir {str(self.working_dir)!r} is not an existing folder; create it first "
+                "(kernels start there)."
+            )
+        if self.sandbox:
+            self._srt = _sandbox.find_srt()
+            if self.env.get("IPYBOX_EXEC_WALL") == "1" and (problem := _exec_wall.unavailable()):
+                raise SandboxUnavailableError(
+                    f"A sandboxed kernel whose shell commands need approval cannot be walled in here: {problem}. "
+                    "Start with approve_shell_cmds=False (shell approval is then a guard in the kernel, which "
+                    "code can go around), or on a machine that has it."
+                )
+            self._sandbox_config = _sandbox.load_config(self.sandbox_config) if self.sandbox_config else None
+        self._limits = _limits.KernelLimits(self.memory_limit, self.max_processes)
+        try:
+            self._limits.setup()
+        except _limits.LimitsUnavailableError as exc:
+            raise GatewayError(str(exc)) from None
+        try:
+            await self._start_on_a_port(timeout)
+        except BaseException:
+            self._limits.cleanup()
+            raise
+
+    def memory_exceeded(self) -> bool:
+        """Whether a kernel was killed for going over `memory_limit` since the last call."""
+        return self._limits.memory_exceeded()
+
+    async def _start_on_a_port(self, timeout: float) -> None:
+        if self.port != 0:
+            await self._start(timeout)
+            return
+        # A port found free can be taken by another process before the gateway binds it
+        # (two executors starting at once): then the gateway exits, and another port is tried.
+        for attempt in range(_PORT_ATTEMPTS):
+            self.port = free_port(self.host)
+            try:
+                await self._start(timeout)
+                return
+            except GatewayError:
+                taken = any("is already in use" in line for line in self._log_tail)
+                if not taken or attempt + 1 == _PORT_ATTEMPTS:
+                    self.port = 0
+                    raise
+
+    async def _start(self, timeout: float) -> None:
+        self._log_tail.clear()
+        self._announced = asyncio.Event()
+        where = _sandbox.private_base() if self.sandbox else None
+        if self.sandbox:
+            _sandbox.sweep()
+        self._jupyter_dir = Path(tempfile.mkdtemp(prefix="ipybox-jupyter-", dir=where))
+        # The gateway, and srt which it starts, run in a folder of their own that kernels cannot
+        # write; kernels change to the working directory themselves.
+        start_dir = self._jupyter_dir / "start"
+        try:
+            start_dir.mkdir()
+            if self.sandbox:
+                _sandbox.make_placeholders(self.working_dir, self._jupyter_dir)
+            self._write_kernel_spec(self._jupyter_dir)
+            self._process = await asyncio.create_subprocess_exec(
+                *self._command(),
+                # Held open, never written: the gateway stops when it reads end of file, which
+                # happens when this process ends, however it ends (even SIGKILL).
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                env=self._gateway_env(),
+                cwd=start_dir,
+            )
+        except BaseException:
+            if self.sandbox:
+                _sandbox.remove_placeholders(self._jupyter_dir)
+            shutil.rmtree(self._jupyter_dir, ignore_errors=True)
+            self._jupyter_dir = None
+            raise
+        self._reader = asyncio.create_task(self._read_output(self._process))
+        jupyter_dir = self._jupyter_dir
+        # A sandbox that cannot start is found while the gateway starts, not by a kernel that never answers.
+        check = (
+            asyncio.create_task(
+                _sandbox.check(self._srt, jupyter_dir / "srt-settings.json", jupyter_dir / "tmp", start_dir)
+            )
+            if self.sandbox
+            else None
+        )
+        try:
+            await self._wait_ready(timeout)
+            if check is not None:
+                await check
+        except BaseException:
+            if check is not None and not check.done():
+                check.cancel()
+                with contextlib.suppress(BaseException):
+                    await check
+            await self._stop_process(10)
+            raise
+
+    async def stop(self, timeout: float = 10) -> None:
+        """Stop the gateway and every kernel it started.
+
+        Processes are asked to terminate, and killed if they are still alive after
+        `timeout` seconds. Calling `stop()` on a stopped gateway does nothing.
+
+        Args:
+            timeout: Seconds to wait for a graceful exit before killing.
+        """
+        try:
+            await self._stop_process(timeout)
+        finally:
+            # What the kernels started outside the gateway's process tree (a new session, a fork bomb).
+            self._limits.cleanup()
+
+    async def _stop_process(self, timeout: float) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            await asyncio.shield(_terminate_tree(process, timeout))
+        finally:
+            if process.stdin is not None:
+                process.stdin.close()
+            if self._jupyter_dir is not None:
+                if self.sandbox:
+                    # The kernels are gone: nothing binds the placeholders any more.
+                    _sandbox.remove_placeholders(self._jupyter_dir)
+                shutil.rmtree(self._jupyter_dir, ignore_errors=True)
+                self._jupyter_dir = None
+            if self._reader is not None:
+                # The pipe closes with the process; the reader then ends by itself.
+                await asyncio.wait({self._reader}, timeout=1)
+                self._reader.cancel()
+                self._reader = None
+
+    async def join(self) -> None:
+        """Wait until the gateway process exits."""
+        if self._process is not None:
+            await self._process.wait()
+
+    def _command(self) -> list[str]:
+        return [
+            sys.executable,
+            # Isolated: the working directory, which kernel code can write, is not on sys.path
+            # and PYTHON* variables (e.g. a PYTHONPATH meant for kernels) are ignored; unbuffered
+            # so that its log lines arrive as written.
+            "-I",
+            "-u",
+            "-m",
+            "ipybox.gateway._main",
+            f"--KernelGatewayApp.ip={self.host}",
+            f"--KernelGatewayApp.port={self.port}",
+            "--KernelGatewayApp.port_retries=0",
+            f"--KernelGatewayApp.log_level={self.log_level}",
+            f"--KernelGatewayApp.default_kernel_name={_KERNEL_NAME}",
+            "--KernelManager.transport_encryption=auto",
+            # Agents read all output; the notebook's output throttling would drop some.
+            "--ZMQChannelsWebsocketConnection.limit_rate=False",
+            # A sandboxed kernel has no network namespace of its own to share: Unix sockets in
+            # its own folder, the one private folder bound into its sandbox, reach it.
+            *(["--KernelManager.transport=ipc"] if self.sandbox else []),
+        ]
+
+    def shell_runner(self) -> ShellRunner | None:
+        """What runs the approved shell commands of this gateway's sandboxed kernels outside them:
+        a new srt sandbox with the kernels' settings and temporary folder, started as the gateway
+        starts a kernel (``None`` while the gateway is stopped, or unsandboxed)."""
+        if not self.sandbox or self._jupyter_dir is None:
+            return None
+        gateway_env = self._gateway_env()
+        env = {key: value for key, value in gateway_env.items() if key in _GATEWAY_ENV_KEYS}
+        env.update(
+            {key: gateway_env[key] for key in gateway_env["KG_ENV_PROCESS_WHITELIST"].split(",") if key}
+        )
+        # The kernel's Python first, as in the kernel (kernel._ext); no folder the kernel can write.
+        folders = [os.path.dirname(sys.executable), *env.get("PATH", os.defpath).split(os.pathsep)]
+        path = [
+            folder
+            for folder in dict.fromkeys(folders)
+            if os.path.isabs(folder)
+            and not any(Path(folder).resolve().is_relative_to(writable) for writable in self.kernel_writable)
+        ]
+        return ShellRunner(
+            srt=self._srt,
+            path=os.pathsep.join(path),
+            settings_file=self._jupyter_dir / "srt-settings.json",
+            tmp_dir=self._jupyter_dir / "tmp",
+            start_dir=self._jupyter_dir / "start",
+            env=env,
+        )
+
+    def _gateway_env(self) -> dict[str, str]:
+        # Kernel code can read its parent's environment (/proc/<ppid>/environ) and can ask
+        # the gateway for a kernel that inherits it, so the gateway gets only what it needs
+        # to run, never the application's secrets.
+        env = {key: value for key, value in os.environ.items() if key in _GATEWAY_ENV_KEYS}
+        assert self._jupyter_dir is not None
+        kernel_env = dict(self.env)
+        # The gateway does not run in the working directory (see _start): the kernel changes to it.
+        kernel_env["IPYBOX_START_DIR"] = str(self.working_dir)
+        if self.sandbox:
+            # srt and the kernel keep their temporary files, srt's proxy sockets among them, in a
+            # private folder that goes away with the gateway (each kernel in one of its own).
+            kernel_env["TMPDIR"] = str(self._jupyter_dir / "tmp")
+            kernel_env.setdefault("MPLCONFIGDIR", str(self._jupyter_dir / "tmp" / "matplotlib"))
+            # Caches (fontconfig's among them) would go to the home folder, which is hidden.
+            kernel_env.setdefault("XDG_CACHE_HOME", str(self._jupyter_dir / "tmp" / "cache"))
+            # IPython's and Jupyter's folders are private too: startup files or kernel specs
+            # written to the user's own would run unsandboxed in the user's other sessions.
+            kernel_env["IPYTHONDIR"] = str(self._jupyter_dir / "tmp" / "ipython")
+            kernel_env["JUPYTER_CONFIG_DIR"] = str(self._jupyter_dir / "tmp" / "jupyter-config")
+            kernel_env["JUPYTER_DATA_DIR"] = str(self._jupyter_dir / "tmp" / "jupyter-data")
+            # Each kernel gets these in a temporary folder of its own instead (_kernel_launch).
+        env.update(kernel_env)
+        # The gateway hands a kernel PATH plus the variables whitelisted here when the
+        # create request carries an "env" object (KernelClient always sends one).
+        env["KG_ENV_PROCESS_WHITELIST"] = ",".join(kernel_env)
+        env["PYTHONUNBUFFERED"] = "1"
+        env["IPYBOX_EXIT_WITH_PARENT"] = "1"
+        env.update(self._limits.gateway_env())
+        if self.sandbox:
+            env["IPYBOX_GATEWAY_LOCK"] = str(self._jupyter_dir / "runtime" / "gateway.lock")
+        env["JUPYTER_PATH"] = str(self._jupyter_dir)
+        env["JUPYTER_RUNTIME_DIR"] = str(self._jupyter_dir / "runtime")
+        if self.auth_token:
+            env["KG_AUTH_TOKEN"] = self.auth_token  # in the environment: argv is world-readable
+        return env
+
+    def _write_kernel_spec(self, jupyter_dir: Path) -> None:
+        """Write the kernel spec of ipybox kernels (and the sandbox's settings) to `jupyter_dir`.
+
+        Kernels run this interpreter's ipykernel with `_KERNEL_ARGS`, inside srt when sandboxed.
+        IPython's history database is turned off: agents do not read it, and writing it costs
+        a few ms on every execution.
+        """
+        spec_dir = jupyter_dir / "kernels" / _KERNEL_NAME
+        spec_dir.mkdir(parents=True)
+        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *_KERNEL_ARGS]
+        if self.sandbox and self.env.get("IPYBOX_EXEC_WALL") == "1":
+            # The wall goes up before anything of the kernel runs (see _exec_wall); -P: nothing is
+            # imported from the working directory, where kernel code could plant a module.
+            argv[1:3] = ["-P", "-m", "ipybox.kernel._exec_wall", "ipykernel_launcher"]
+        spec: dict[str, object] = {
+            "display_name": "Python 3 (ipybox)",
+            "language": "python",
+            # Kernel channels are ZMQ sockets on localhost: encrypt them (CurveZMQ) so that
+            # other local users cannot read or inject kernel messages.
+            "metadata": {"debugger": False, "supported_encryption": ["curve"]},
+        }
+        if self.sandbox:
+            # In its own PID namespace the kernel's parent is PID 1, which ipykernel's parent
+            # poller takes for "the parent exited"; its launcher ends it with the gateway instead.
+            argv = self._sandboxed(jupyter_dir, [*argv, "--IPKernelApp.parent_handle=0"])
+            # bwrap forwards no signals to the kernel: interrupt it with a control message.
+            spec["interrupt_mode"] = "message"
+        # A sandboxed kernel's launcher applies the limits itself, after forking its watcher.
+        spec["argv"] = argv if self.sandbox else self._limits.launcher(argv)
+        (spec_dir / "kernel.json").write_text(json.dumps(spec))
+
+    def _sandboxed(self, jupyter_dir: Path, argv: list[str]) -> list[str]:
+        runtime, tmp = jupyter_dir / "runtime", jupyter_dir / "tmp"
+        for path in (runtime, tmp):
+            path.mkdir()
+        # The settings written here are those of the shell sandbox (`shell_runner`) and of the start
+        # check, whose private folder is `tmp`; each kernel runs under a copy whose private folder is
+        # its own, in `runtime` (_kernel_launch).
+        private = [tmp]
+        registry_dir = default_registry_path().parent
+        # A folder that does not exist cannot be protected: srt skips it, and the kernel could create it.
+        registry_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        socket = self.env.get("TOOL_SERVER_SOCKET")
+        settings_file = jupyter_dir / "srt-settings.json"
+        settings = _sandbox.sandbox_settings(
+            self._sandbox_config,
+            working_dir=self.working_dir,
+            private_dirs=private,
+            # srt looks for the protected names from its own working directory, which is not the
+            # kernel's: those in subfolders are found here (the working directory's own are fixed).
+            protected=[
+                registry_dir,
+                *(
+                    path
+                    for path in _trusted_installation(self._srt)
+                    if path != self.working_dir and path not in self.working_dir.parents
+                ),
+                jupyter_dir / "kernels",
+                settings_file,
+                *_sandbox.nested_protected(self.working_dir),
+            ],
+            tool_socket=Path(socket) if socket else None,
+            readable=(
+                *(
+                    Path(entry)
+                    for entry in self.env.get("PYTHONPATH", "").split(os.pathsep)
+                    if os.path.isabs(entry)
+                ),
+                *_sandbox.srt_support(self._srt),
+            ),
+            hidden=self.sandbox_hidden,
+        )
+        settings_file.write_text(json.dumps(settings, indent=2))
+        filesystem = settings["filesystem"]
+        self.kernel_writable = (
+            *(self.working_dir / Path(path).expanduser() for path in filesystem["allowWrite"]),
+            runtime,
+        )
+        self.kernel_readonly = tuple(
+            self.working_dir / Path(path).expanduser() for path in filesystem["denyWrite"]
+        )
+        launch = {
+            "srt": self._srt,
+            "settings": str(settings_file),
+            "runtime": str(runtime),
+            "tmp": str(tmp),
+            "lock": str(runtime / "gateway.lock"),
+            "working_dir": str(self.working_dir),
+            "prefix": self._limits.launcher([]),
+        }
+        launcher = Path(_kernel_launch.__file__).resolve()
+        return [
+            sys.executable,
+            "-I",
+            "-S",
+            str(launcher),
+            json.dumps(launch),
+            "{connection_file}",
+            "--",
+            *argv,
+        ]
+
+    async def _read_output(self, process: asyncio.subprocess.Process) -> None:
+        assert process.stdout is not None
+        async for raw in process.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self._log_tail.append(line)
+            if "is available at" in line:
+                self._announced.set()
+            if self.log_to_stderr:
+                print(line, file=sys.stderr, flush=True)
+
+    def _failure(self, what: str) -> GatewayError:
+        tail = "\n".join(self._log_tail) or "(no output)"
+        return GatewayError(f"{what}\nLast lines of the gateway's output:\n{tail}")
+
+    async def _wait_ready(self, timeout: float) -> None:
+        process = self._process
+        assert process is not None
+        deadline = time.monotonic() + timeout
+        headers = {"Authorization": f"token {self.auth_token}"} if self.auth_token else {}
+        async with httpx2.AsyncClient(timeout=1.0, headers=headers) as http:
+            while True:
+                if process.returncode is not None or (self._reader is not None and self._reader.done()):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(process.wait(), 2)
+                    if self._reader is not None:
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(self._reader, 1)
+                    raise self._failure(
+                        f"The kernel gateway exited during start (exit code {process.returncode}) "
+                        f"on {self.host}:{self.port}; if the port is in use, choose another or pass port=None."
+                    )
+                try:
+                    response = await http.get(f"{self.url}/api")
+                    if response.status_code == 200:
+                        return
+                except httpx2.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise self._failure(
+                        f"The kernel gateway did not answer on {self.url} within {timeout:g} s."
+                    )
+                # The gateway logs a line once it listens; until then, re-check now and then
+                # in case its log level hides that line.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._announced.wait(), 0.25)
+
+
+def _trusted_installation(srt: str) -> list[Path]:
+    """What the application, the gateway and srt run from: the Python environment, ipybox's own
+    package (a checkout's ``src/`` when installed editable) and srt's ``node_modules``. A working
+    directory that holds them (a clone with its ``.venv``) must not let the kernel change them:
+    the next start would run the change outside the sandbox."""
+    paths = [Path(sys.prefix), Path(__file__).resolve().parents[1]]
+    real_srt = Path(srt).resolve()
+    modules = [parent for parent in real_srt.parents if parent.name == "node_modules"]
+    paths.append(modules[-1] if modules else real_srt)
+    return paths
+
+
+def _gateway_log_level(level: str) -> str:
+    """Translate a Python logging level name to the gateway's spelling of it."""
+    name = level.upper()
+    if name not in ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"):
+        raise ValueError(f"Unknown log level {level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+    return "WARN" if name == "WARNING" else name
+
+
+_GATEWAY_ENV_KEYS = frozenset(
+    {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "SYSTEMROOT"}
+)
+_KERNEL_NAME = "ipybox-python"
+# Variables that make the gateway or srt (outside the sandbox) load code.
+_LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
+_LOADER_ENV_KEYS = frozenset({"NODE_OPTIONS", "NODE_PATH", "BASH_ENV"})
+
+
+_KERNEL_ARGS = [
+    "--HistoryManager.enabled=False",
+    # ipykernel sleeps 0.5 ms before every execute reply so that output tends to arrive
+    # first on notebook frontends. KernelClient waits for the iopub idle status, which
+    # always follows the output, so the sleep only adds latency.
+    "--IPythonKernel._execute_sleep=0",
+    # Agents pay tokens for every escape sequence: no colours in tracebacks.
+    "--InteractiveShell.colors=nocolor",
+    # Shell approval, the shell-escape guard and the kept working directory (see the module).
+    "--IPKernelApp.extensions=ipybox.kernel._ext",
+    # IPython would put the working directory on sys.path before loading the extension, so an
+    # `ipybox/` planted there would run in every later kernel of the same working directory, other
+    # sessions' included. The extension adds it once ipybox is loaded (kernel._ext).
+    "--InteractiveShellApp.ignore_cwd=True",
+]
+
+
+async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -> None:
+    """Terminate `process` and all its descendants; kill what outlives `timeout`."""
+    # Kernels are terminated together with the gateway rather than left to its own
+    # shutdown, which waits for each kernel in turn.
+    await kill_tree(process.pid, timeout)
+    # The gateway is our child: asyncio reaps it.
+    await process.wait()

@@ -1,0 +1,18 @@
+"""The code executor: `CodeExecutor`, its results and chunks.
+
+A public import path; the code lives in ``ipybox.app._executor``.
+"""
+
+from ipybox.app._executor import (
+    CodeExecutionChunk,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+)
+
+__all__ = [
+    "CodeExecutionChunk",
+    "CodeExecutionError",
+    "CodeExecutionResult",
+    "CodeExecutor",
+]

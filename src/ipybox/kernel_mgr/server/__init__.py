@@ -1,0 +1,12 @@
+"""The kernel gateway manager: `KernelGateway` starts and stops a Jupyter Kernel Gateway.
+
+A public import path; the code lives in ``ipybox.app._gateway``.
+"""
+
+from ipybox.app._gateway import (
+    KernelGateway,
+)
+
+__all__ = [
+    "KernelGateway",
+]
