@@ -18,18 +18,20 @@ import ipybox
 SRC = Path(ipybox.__file__).parent
 
 # What the kernel imports of ipybox: the kernel package, the public paths generated code uses,
-# and the two modules they need (the package root is lazy, the errors module stdlib only).
+# and the three modules they need (the package root is lazy; the errors module and the wire
+# contract, ``_wire``, are stdlib only).
 KERNEL_SIDE = [
     *sorted((SRC / "kernel").glob("*.py")),
     SRC / "__init__.py",
     SRC / "errors.py",
+    SRC / "_wire.py",
     SRC / "tool_exec" / "__init__.py",
     SRC / "tool_exec" / "client" / "__init__.py",
     SRC / "tool_exec" / "content" / "__init__.py",
 ]
 # The IPython extension runs in the kernel's own IPython, which every kernel has.
 ALLOWED_EXTRA = {SRC / "kernel" / "_ext.py": frozenset({"IPython"})}
-ALLOWED_IPYBOX = ("ipybox.kernel", "ipybox.errors", "ipybox.tool_exec")
+ALLOWED_IPYBOX = ("ipybox.kernel", "ipybox.errors", "ipybox._wire", "ipybox.tool_exec")
 
 
 def foreign_imports(source: str, extra: frozenset[str] = frozenset()) -> list[str]:
@@ -103,4 +105,5 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("ipybox"))))
     assert child.returncode == 0, child.stderr
     loaded = json.loads(child.stdout)
     assert "ipybox.kernel._tool_client" in loaded
+    assert "ipybox._wire" in loaded
     assert [name for name in loaded if not name.startswith(ALLOWED_IPYBOX) and name != "ipybox"] == []

@@ -17,6 +17,7 @@ from typing import Self
 import anyio
 import httpx2
 
+from ipybox._wire import KernelEnv, ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._approval_client import ApprovalClient, ApprovalRequest
 from ipybox.app._gateway import KernelGateway
@@ -251,14 +252,13 @@ class CodeExecutor:
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
             )
             await stack.enter_async_context(tool_server)
-            kernel_env = {
-                **self._kernel_settings(),
-                "TOOL_SERVER_HOST": self.tool_server_host,
-                "TOOL_SERVER_PORT": str(tool_server.port),
-                "TOOL_SERVER_TOKEN": token,
-            }
-            if tool_server.uds is not None:
-                kernel_env["TOOL_SERVER_SOCKET"] = str(tool_server.uds)
+            address = ToolServerEnv(
+                host=self.tool_server_host,
+                port=tool_server.port,
+                token=token,
+                socket=str(tool_server.uds) if tool_server.uds is not None else None,
+            )
+            kernel_env = {**self._kernel_settings(), **address.to_env()}
             gateway = KernelGateway(
                 host=self.kernel_gateway_host,
                 port=self.kernel_gateway_port,
@@ -527,13 +527,13 @@ class CodeExecutor:
         kernel extension (``ipybox.kernel._ext``) reads."""
         env = dict(self.kernel_env)
         if self.working_dir is not None:
-            env["IPYBOX_WORKING_DIR"] = str(self.working_dir)
+            env[KernelEnv.WORKING_DIR] = str(self.working_dir)
         if self.approve_shell_cmds:
-            env["IPYBOX_APPROVE_SHELL"] = "1"
+            env[KernelEnv.APPROVE_SHELL] = "1"
         if self._exec_wall:
-            env["IPYBOX_EXEC_WALL"] = "1"
+            env[KernelEnv.EXEC_WALL] = "1"
         if self.require_shell_escape:
-            env["IPYBOX_REQUIRE_SHELL_ESCAPE"] = "1"
+            env[KernelEnv.REQUIRE_SHELL_ESCAPE] = "1"
         return env
 
     @property

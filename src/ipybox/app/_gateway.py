@@ -19,6 +19,7 @@ import httpx2
 import psutil
 
 from ipybox._infra import kill_tree, listen, running
+from ipybox._wire import GatewayEnv, KernelEnv, ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._registry import default_registry_path
 from ipybox.app._shell import ShellRunner
@@ -188,7 +189,7 @@ class KernelGateway:
             )
         if self.sandbox:
             self._srt = _sandbox.find_srt()
-            if self.env.get("IPYBOX_EXEC_WALL") == "1" and (problem := _exec_wall.unavailable()):
+            if self.env.get(KernelEnv.EXEC_WALL) == "1" and (problem := _exec_wall.unavailable()):
                 raise SandboxUnavailableError(
                     f"A sandboxed kernel whose shell commands need approval cannot be walled in here: {problem}. "
                     "Start with approve_shell_cmds=False (shell approval is then a guard in the kernel, which "
@@ -380,7 +381,7 @@ class KernelGateway:
         assert self._jupyter_dir is not None
         kernel_env = dict(self.env)
         # The gateway does not run in the working directory (see _start): the kernel changes to it.
-        kernel_env["IPYBOX_START_DIR"] = str(self.working_dir)
+        kernel_env[KernelEnv.START_DIR] = str(self.working_dir)
         if self.sandbox:
             # srt and the kernel keep their temporary files, srt's proxy sockets among them, in a
             # private folder that goes away with the gateway (each kernel in one of its own).
@@ -399,10 +400,10 @@ class KernelGateway:
         # create request carries an "env" object (KernelClient always sends one).
         env["KG_ENV_PROCESS_WHITELIST"] = ",".join(kernel_env)
         env["PYTHONUNBUFFERED"] = "1"
-        env["IPYBOX_EXIT_WITH_PARENT"] = "1"
+        env[GatewayEnv.EXIT_WITH_PARENT] = "1"
         env.update(self._limits.gateway_env())
         if self.sandbox:
-            env["IPYBOX_GATEWAY_LOCK"] = str(self._jupyter_dir / "runtime" / "gateway.lock")
+            env[GatewayEnv.GATEWAY_LOCK] = str(self._jupyter_dir / "runtime" / "gateway.lock")
         env["JUPYTER_PATH"] = str(self._jupyter_dir)
         env["JUPYTER_RUNTIME_DIR"] = str(self._jupyter_dir / "runtime")
         if self.auth_token:
@@ -419,7 +420,7 @@ class KernelGateway:
         spec_dir = jupyter_dir / "kernels" / _KERNEL_NAME
         spec_dir.mkdir(parents=True)
         argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *_KERNEL_ARGS]
-        if self.sandbox and self.env.get("IPYBOX_EXEC_WALL") == "1":
+        if self.sandbox and self.env.get(KernelEnv.EXEC_WALL) == "1":
             # The wall goes up before anything of the kernel runs (see _exec_wall); -P: nothing is
             # imported from the working directory, where kernel code could plant a module.
             argv[1:3] = ["-P", "-m", "ipybox.kernel._exec_wall", "ipykernel_launcher"]
@@ -451,7 +452,7 @@ class KernelGateway:
         registry_dir = default_registry_path().parent
         # A folder that does not exist cannot be protected: srt skips it, and the kernel could create it.
         registry_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        socket = self.env.get("TOOL_SERVER_SOCKET")
+        socket = self.env.get(ToolServerEnv.SOCKET)
         settings_file = jupyter_dir / "srt-settings.json"
         settings = _sandbox.sandbox_settings(
             self._sandbox_config,

@@ -38,6 +38,7 @@ from mcp.types import CallToolResult, TextContent, Tool
 from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
 from ipybox._infra import kill_tree
+from ipybox._wire import McpServerEnv
 from ipybox.app._params import HttpParams, StdioParams, resolve_params
 from ipybox.errors import MCPServerError
 
@@ -47,7 +48,7 @@ __all__ = ["MCPSession", "list_tools"]
 logger = logging.getLogger("ipybox.tool_exec._mcp")
 
 # Marks a stdio server's process so the session can find its process group afterwards.
-_SESSION_MARKER_ENV = "IPYBOX_MCP_SESSION"
+_SESSION_MARKER_ENV = McpServerEnv.SESSION
 _GROUP_KILL_GRACE = 2.0
 _HTTP_TIMEOUT = 30.0
 _HTTP_READ_TIMEOUT = 300.0

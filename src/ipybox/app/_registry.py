@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from ipybox._wire import UserEnv
+
 __all__ = ["ServerRegistry", "default_registry_path"]
 
 _FORMAT_VERSION = 2
@@ -32,7 +34,7 @@ _FORMAT_VERSION = 2
 
 def default_registry_path() -> Path:
     """Return the registry file's default location (see the module docstring)."""
-    state_dir = os.environ.get("IPYBOX_STATE_DIR")
+    state_dir = os.environ.get(UserEnv.STATE_DIR)
     if state_dir:
         return Path(state_dir).expanduser() / "servers.json"
     home = Path.home()

@@ -41,6 +41,7 @@ from typing import Any
 
 import psutil
 
+from ipybox._wire import UserEnv
 from ipybox.errors import SandboxUnavailableError
 from ipybox.gateway import _kernel_launch
 
@@ -197,9 +198,7 @@ def find_srt() -> str:
     missing: list[str] = []
     install: list[str] = []
     srt = (
-        os.environ.get("IPYBOX_SRT")
-        or shutil.which("srt")
-        or (str(_REPO_SRT) if _REPO_SRT.exists() else None)
+        os.environ.get(UserEnv.SRT) or shutil.which("srt") or (str(_REPO_SRT) if _REPO_SRT.exists() else None)
     )
     if srt is None:
         missing.append("srt (@anthropic-ai/sandbox-runtime)")

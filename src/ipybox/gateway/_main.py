@@ -42,6 +42,7 @@ from jupyter_server.services.kernels.kernelmanager import MappingKernelManager  
 from jupyter_server.services.kernels.websocket import KernelWebsocketHandler  # noqa: E402
 from kernel_gateway.gatewayapp import launch_instance  # noqa: E402
 
+from ipybox._wire import GatewayEnv  # noqa: E402
 from ipybox.gateway import _kernel_launch, _limits  # noqa: E402
 
 _open = KernelWebsocketHandler.open
@@ -67,7 +68,7 @@ MappingKernelManager.start_watching_activity = _watch_activity_lightly  # type: 
 
 # Held until this process ends, however it ends: sandboxed kernels end when it is released
 # (see ipybox.gateway._kernel_launch).
-_GATEWAY_LOCK = os.environ.get("IPYBOX_GATEWAY_LOCK")
+_GATEWAY_LOCK = os.environ.get(GatewayEnv.GATEWAY_LOCK)
 if _GATEWAY_LOCK:
     import asyncio
     import fcntl
@@ -161,7 +162,7 @@ if _GATEWAY_LOCK:
 
     LocalProvisioner.cleanup = _cleanup_and_remove_folder  # type: ignore[method-assign]
 
-if os.environ.get("IPYBOX_EXIT_WITH_PARENT") == "1":
+if os.environ.get(GatewayEnv.EXIT_WITH_PARENT) == "1":
     import signal
     import threading
     import time
@@ -175,7 +176,7 @@ if os.environ.get("IPYBOX_EXIT_WITH_PARENT") == "1":
 
     threading.Thread(target=_exit_with_parent, name="ipybox-parent-watch", daemon=True).start()
 
-_GROUPS = json.loads(os.environ.get("IPYBOX_KERNEL_GROUPS") or "[]")
+_GROUPS = json.loads(os.environ.get(GatewayEnv.KERNEL_GROUPS) or "[]")
 if _GROUPS:
     _cleanup = LocalProvisioner.cleanup
 

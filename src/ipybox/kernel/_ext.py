@@ -42,6 +42,8 @@ from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
 
+from ipybox._wire import KernelEnv
+
 
 def load_ipython_extension(ip: Any) -> None:
     """Set up the kernel as its environment asks (IPython's extension hook)."""
@@ -49,7 +51,7 @@ def load_ipython_extension(ip: Any) -> None:
     for name in _COLOUR_FORCING:
         environ.pop(name, None)
     environ.update(NO_COLOR="1", CLICOLOR="0", TERM="dumb")
-    start_dir = environ.pop("IPYBOX_START_DIR", "")
+    start_dir = environ.pop(KernelEnv.START_DIR, "")
     if start_dir:
         os.chdir(start_dir)
     # The working directory is importable (generated `mcptools` live there), where IPython puts it
@@ -65,12 +67,12 @@ def load_ipython_extension(ip: Any) -> None:
     _reply_to_every_interrupt(ip)
     _show_figures_of_file_backends(ip)
     _own_python_first(ip)
-    working_dir = environ.pop("IPYBOX_WORKING_DIR", "")
-    approve_shell = environ.pop("IPYBOX_APPROVE_SHELL", "") == "1"
-    require_escape = environ.pop("IPYBOX_REQUIRE_SHELL_ESCAPE", "") == "1"
+    working_dir = environ.pop(KernelEnv.WORKING_DIR, "")
+    approve_shell = environ.pop(KernelEnv.APPROVE_SHELL, "") == "1"
+    require_escape = environ.pop(KernelEnv.REQUIRE_SHELL_ESCAPE, "") == "1"
     if working_dir:
         _keep_working_dir(ip, working_dir)
-    exec_wall = environ.pop("IPYBOX_EXEC_WALL", "") == "1"
+    exec_wall = environ.pop(KernelEnv.EXEC_WALL, "") == "1"
     if exec_wall:
         _wall_shell_commands(ip)
     elif approve_shell:

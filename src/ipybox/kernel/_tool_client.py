@@ -17,8 +17,9 @@ import socket
 import sys
 import threading
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, get_args
 
+from ipybox._wire import RunFields, ToolServerEnv, run_head
 from ipybox.errors import ToolCallOutcome, ToolRunnerError
 from ipybox.kernel._content import ToolContent, from_json
 
@@ -37,7 +38,10 @@ __all__ = [
 # Idle connections the async API keeps per runner; more calls in flight open more.
 _MAX_IDLE = 128
 
-_KINDS: frozenset[str] = frozenset({"rejected", "expired", "failed"})
+_KINDS: frozenset[str] = frozenset(get_args(ToolCallOutcome))
+# The parts of a ``/run`` body after the tool name, written once.
+_ARGS_KEY = f', "{RunFields.TOOL_ARGS}": '
+_CONTENT_TAIL = f', "{RunFields.CONTENT}": true}}'
 
 
 class ToolRunner:
@@ -92,10 +96,10 @@ class ToolRunner:
         self.port = port
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        token = token if token is not None else os.environ.get("TOOL_SERVER_TOKEN")
-        self.proxy = (proxy if proxy is not None else os.environ.get("TOOL_SERVER_PROXY")) or None
+        token = token if token is not None else os.environ.get(ToolServerEnv.TOKEN)
+        self.proxy = (proxy if proxy is not None else os.environ.get(ToolServerEnv.PROXY)) or None
         self.socket_path = (
-            socket_path if socket_path is not None else os.environ.get("TOOL_SERVER_SOCKET")
+            socket_path if socket_path is not None else os.environ.get(ToolServerEnv.SOCKET)
         ) or None
         self._address: tuple[str, int] | str = self.socket_path or (
             _proxy_address(self.proxy) if self.proxy else (host, port)
@@ -104,10 +108,8 @@ class ToolRunner:
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
         # The request body up to the tool name, encoded once.
-        head: dict[str, Any] = {"server_name": server_name}
-        if server_params:
-            head["server_params"] = server_params
-        self._body_head = json.dumps(head)[:-1] + ', "tool_name": '
+        head = run_head(server_name, server_params)
+        self._body_head = json.dumps(head)[:-1] + f', "{RunFields.TOOL_NAME}": '
         self._lock = threading.Lock()
         self._connection: _Connection | None = None
         self._heads: dict[str, bytes] = {}
@@ -246,8 +248,8 @@ class ToolRunner:
                 self.server_name,
                 tool_name,
             ) from exc
-        tail = ', "content": true}' if content else "}"
-        return f'{self._body_head}{json.dumps(tool_name)}, "tool_args": {args}{tail}'.encode()
+        tail = _CONTENT_TAIL if content else "}"
+        return f"{self._body_head}{json.dumps(tool_name)}{_ARGS_KEY}{args}{tail}".encode()
 
     def _request_sync(self, method: str, path: str, body: bytes, tool_name: str) -> tuple[int, bytes]:
         __tracebackhide__ = True
@@ -706,7 +708,7 @@ def _to_json(value: Any) -> Any:
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
-_runners: dict[tuple[str, str, int, str | None, str | None, str | None], ToolRunner] = {}
+_runners: dict[tuple[str, ToolServerEnv], ToolRunner] = {}
 _runners_lock = threading.Lock()
 
 
@@ -823,13 +825,8 @@ def run_shell(tool_name: str, cmd: str, argv: list[str] | None = None) -> dict[s
 
 def _runner(server_name: str) -> ToolRunner:
     """The kept runner for `server_name` and the tool server the kernel's environment names."""
-    environ = os.environ
-    host = environ.get("TOOL_SERVER_HOST") or "localhost"
-    port = int(environ.get("TOOL_SERVER_PORT") or 8900)
-    token = environ.get("TOOL_SERVER_TOKEN")
-    proxy = environ.get("TOOL_SERVER_PROXY") or None
-    socket_path = environ.get("TOOL_SERVER_SOCKET") or None
-    key = (server_name, host, port, token, proxy, socket_path)
+    address = ToolServerEnv.from_env(os.environ)
+    key = (server_name, address)
     runner = _runners.get(key)
     if runner is None:
         with _runners_lock:
@@ -838,10 +835,10 @@ def _runner(server_name: str) -> ToolRunner:
                 runner = _runners[key] = ToolRunner(
                     server_name,
                     {},
-                    host,
-                    port,
-                    token=token or "",
-                    proxy=proxy or "",
-                    socket_path=socket_path or "",
+                    address.host,
+                    address.port,
+                    token=address.token or "",
+                    proxy=address.proxy or "",
+                    socket_path=address.socket or "",
                 )
     return runner

@@ -22,13 +22,14 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 
 from ipybox._infra import Guard, Uvicorn, listen
+from ipybox._wire import UserEnv
 from ipybox.mcp_server._files import MAX_FILE_BYTES
 from ipybox.mcp_server._server import Settings, build_server
 from ipybox.mcp_server._tools import ToolSession
 
 logger = logging.getLogger(__name__)
 
-TOKEN_ENV = "IPYBOX_MCP_TOKEN"
+TOKEN_ENV = UserEnv.MCP_TOKEN
 MCP_PATH = "/mcp"
 _MAX_SESSIONS = 32
 # The SDK refuses request bodies over 4 MiB with 413; an upload_file call carries its file in

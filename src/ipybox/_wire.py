@@ -1,0 +1,128 @@
+"""The contract between ipybox's processes: environment variable names and the ``/run`` request.
+
+Each name is defined here once, and the process that writes it and the one that reads it both
+import it from here. The kernel imports this module, so it uses the standard library only.
+
+Two launch scripts run as ``python -I -S <file>`` and cannot import ipybox:
+``gateway/_limits.py`` writes `GatewayEnv.KERNEL_GROUPS` as a literal; a test checks it
+equals the name here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+
+@dataclass(frozen=True)
+class ToolServerEnv:
+    """Where a kernel's tool calls go.
+
+    Written by the application (``app/_executor.py``) into the kernel's environment; read by the
+    kernel (``kernel/_tool_client.py``). `proxy` is set by whoever starts a kernel that reaches
+    the tool server only through an HTTP proxy.
+    """
+
+    HOST: ClassVar[str] = "TOOL_SERVER_HOST"
+    PORT: ClassVar[str] = "TOOL_SERVER_PORT"
+    TOKEN: ClassVar[str] = "TOOL_SERVER_TOKEN"
+    PROXY: ClassVar[str] = "TOOL_SERVER_PROXY"
+    SOCKET: ClassVar[str] = "TOOL_SERVER_SOCKET"
+
+    host: str = "localhost"
+    port: int = 8900
+    token: str | None = None
+    proxy: str | None = None
+    socket: str | None = None
+
+    def to_env(self) -> dict[str, str]:
+        """The environment variables that give this address (unset fields are left out)."""
+        env = {self.HOST: self.host, self.PORT: str(self.port)}
+        for name, value in ((self.TOKEN, self.token), (self.PROXY, self.proxy), (self.SOCKET, self.socket)):
+            if value is not None:
+                env[name] = value
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> ToolServerEnv:
+        """The address `environ` gives; an empty variable counts as unset (the token excepted)."""
+        return cls(
+            host=environ.get(cls.HOST) or "localhost",
+            port=int(environ.get(cls.PORT) or 8900),
+            token=environ.get(cls.TOKEN),
+            proxy=environ.get(cls.PROXY) or None,
+            socket=environ.get(cls.SOCKET) or None,
+        )
+
+
+class KernelEnv:
+    """What the kernel extension does at start; a flag is on when its value is ``"1"``.
+
+    Written by the application (``app/_executor.py``, ``app/_gateway.py``) into the kernel's
+    environment; read, and removed from it, by the kernel extension (``kernel/_ext.py``).
+    """
+
+    START_DIR: Final = "IPYBOX_START_DIR"
+    WORKING_DIR: Final = "IPYBOX_WORKING_DIR"
+    APPROVE_SHELL: Final = "IPYBOX_APPROVE_SHELL"
+    EXEC_WALL: Final = "IPYBOX_EXEC_WALL"
+    REQUIRE_SHELL_ESCAPE: Final = "IPYBOX_REQUIRE_SHELL_ESCAPE"
+
+
+class GatewayEnv:
+    """How the kernel gateway process runs.
+
+    Written by the application (``app/_gateway.py``, and ``gateway/_limits.py`` as imported
+    there) into the gateway's environment; read by the gateway (``gateway/_main.py``).
+    """
+
+    GATEWAY_LOCK: Final = "IPYBOX_GATEWAY_LOCK"
+    EXIT_WITH_PARENT: Final = "IPYBOX_EXIT_WITH_PARENT"
+    KERNEL_GROUPS: Final = "IPYBOX_KERNEL_GROUPS"
+
+
+class McpServerEnv:
+    """Marks the MCP server processes of one session so their leftovers can be found.
+
+    Written by the application (``app/_mcp.py``) into each MCP server's environment; read back by
+    the application from the processes it finds.
+    """
+
+    SESSION: Final = "IPYBOX_MCP_SESSION"
+
+
+class UserEnv:
+    """Settings the user gives; read by the application or the ``ipybox`` MCP server."""
+
+    STATE_DIR: Final = "IPYBOX_STATE_DIR"
+    """Where the server registry lives (``app/_registry.py``)."""
+    SRT: Final = "IPYBOX_SRT"
+    """The sandbox runtime to use (``app/_sandbox.py``)."""
+    MCP_TOKEN: Final = "IPYBOX_MCP_TOKEN"
+    """The bearer token of the MCP server's HTTP transport (``mcp_server/_http.py``)."""
+
+
+class RunFields:
+    """The field names of a ``POST /run`` body.
+
+    Built by the kernel (``kernel/_tool_client.py``); validated by the tool server
+    (``app/_tool_server.py``), whose model has these fields.
+    """
+
+    SERVER_NAME: ClassVar[str] = "server_name"
+    SERVER_PARAMS: ClassVar[str] = "server_params"
+    TOOL_NAME: ClassVar[str] = "tool_name"
+    TOOL_ARGS: ClassVar[str] = "tool_args"
+    CONTENT: ClassVar[str] = "content"
+    """Whether the answer carries every content part and the structured content."""
+
+    ALL: ClassVar[frozenset[str]] = frozenset({SERVER_NAME, SERVER_PARAMS, TOOL_NAME, TOOL_ARGS, CONTENT})
+
+
+def run_head(server_name: str, server_params: dict[str, Any] | None) -> dict[str, Any]:
+    """The start of a ``/run`` body for one server (what every call to it repeats)."""
+    head: dict[str, Any] = {RunFields.SERVER_NAME: server_name}
+    if server_params:
+        head[RunFields.SERVER_PARAMS] = server_params
+    return head

@@ -1,0 +1,70 @@
+"""The wire contract: writers and readers of each name agree (``ipybox._wire``)."""
+
+from __future__ import annotations
+
+import json
+from typing import get_args
+
+import pytest
+
+from ipybox._wire import GatewayEnv, RunFields, ToolServerEnv
+from ipybox.app._tool_server import _RunRequest
+from ipybox.errors import ToolCallOutcome
+from ipybox.gateway._limits import KernelLimits
+from ipybox.kernel import _tool_client
+from ipybox.kernel._tool_client import ToolRunner
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        ToolServerEnv(),
+        ToolServerEnv(
+            host="127.0.0.1", port=1234, token="t0k", proxy="http://proxy:3128", socket="/run/tools.sock"
+        ),
+        ToolServerEnv(token=""),
+    ],
+)
+def test_the_tool_server_address_round_trips_through_the_environment(address: ToolServerEnv) -> None:
+    env = address.to_env()
+    assert set(env) <= {
+        ToolServerEnv.HOST,
+        ToolServerEnv.PORT,
+        ToolServerEnv.TOKEN,
+        ToolServerEnv.PROXY,
+        ToolServerEnv.SOCKET,
+    }
+    assert ToolServerEnv.from_env(env) == address
+
+
+def test_an_empty_environment_gives_the_default_address() -> None:
+    assert ToolServerEnv.from_env({}) == ToolServerEnv()
+
+
+def test_the_tool_servers_model_has_the_run_fields() -> None:
+    assert set(_RunRequest.model_fields) == RunFields.ALL
+
+
+@pytest.mark.parametrize("content", [False, True])
+@pytest.mark.parametrize("server_params", [None, {"command": "uvx", "args": ["x"]}])
+def test_the_body_the_kernel_writes_is_the_one_the_tool_server_reads(
+    content: bool, server_params: dict[str, object] | None
+) -> None:
+    runner = ToolRunner("demo", server_params or {}, token="", proxy="", socket_path="")
+    body = runner._body("echo", {"text": "hi"}, content=content)
+    request = _RunRequest.model_validate_json(body)
+    assert (request.server_name, request.tool_name, request.tool_args) == ("demo", "echo", {"text": "hi"})
+    assert request.server_params == server_params
+    assert request.content is content
+    assert set(json.loads(body)) <= RunFields.ALL
+
+
+def test_the_kernel_knows_every_outcome_kind() -> None:
+    assert _tool_client._KINDS == frozenset(get_args(ToolCallOutcome))
+
+
+def test_the_limits_launcher_writes_the_name_the_gateway_reads() -> None:
+    # ``gateway/_limits.py`` also runs as ``python -I -S <file>``, so it keeps the name as a literal.
+    limits = KernelLimits(memory=None, processes=None)
+    limits.groups = {"/sys/fs/cgroup/ipybox-test": {}}
+    assert set(limits.gateway_env()) == {GatewayEnv.KERNEL_GROUPS}
