@@ -276,37 +276,42 @@ class ToolRunner:
                             continue
                         raise self._unreachable(tool_name, exc) from exc
                     status, data, close = connection.receive()
-                except (_ClosedBeforeAnswer, BrokenPipeError, ConnectionResetError) as exc:
-                    # The request was sent and may have run: a tool call runs at most once.
+                except BaseException as exc:
+                    # The connection is unusable, whatever went wrong (a KeyboardInterrupt from the
+                    # kernel mid-response too, which goes on as it is).
                     self._drop_connection()
-                    raise ToolRunnerError(
-                        f"{self._what(tool_name)} failed: the tool server at {self.host}:{self.port} closed the "
-                        f"connection after the request was sent ({exc}); it may or may not have run, so it was "
-                        "not sent again. Check its effect before calling it again.",
-                        "failed",
-                        self.server_name,
-                        tool_name,
-                    ) from exc
-                except TimeoutError as exc:
-                    self._drop_connection()
-                    raise ToolRunnerError(
-                        f"{self._what(tool_name)} failed: the tool server did not answer within "
-                        f"{self.read_timeout:g} s.",
-                        "failed",
-                        self.server_name,
-                        tool_name,
-                    ) from exc
-                except (OSError, ValueError) as exc:
-                    self._drop_connection()
-                    raise self._unreachable(tool_name, exc) from exc
-                except BaseException:
-                    # E.g. a KeyboardInterrupt from the kernel mid-response: the connection is unusable.
-                    self._drop_connection()
-                    raise
+                    error = self._failure(tool_name, exc)
+                    if error is None:
+                        raise
+                    raise error from exc
                 if close:
                     self._drop_connection()
                 return status, data
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _failure(self, tool_name: str, exc: BaseException) -> ToolRunnerError | None:
+        """The error a request that `exc` stopped fails with, or ``None`` to let `exc` go on."""
+        if isinstance(exc, _ClosedBeforeAnswer | BrokenPipeError | ConnectionResetError):
+            # The request was sent and may have run: a tool call runs at most once.
+            return ToolRunnerError(
+                f"{self._what(tool_name)} failed: the tool server at {self.host}:{self.port} closed the "
+                f"connection after the request was sent ({exc}); it may or may not have run, so it was "
+                "not sent again. Check its effect before calling it again.",
+                "failed",
+                self.server_name,
+                tool_name,
+            )
+        if isinstance(exc, TimeoutError):
+            return ToolRunnerError(
+                f"{self._what(tool_name)} failed: the tool server did not answer within "
+                f"{self.read_timeout:g} s.",
+                "failed",
+                self.server_name,
+                tool_name,
+            )
+        if isinstance(exc, OSError | ValueError):
+            return self._unreachable(tool_name, exc)
+        return None
 
     def _head(self, method: str, path: str) -> bytes:
         target = f"http://{self.host}:{self.port}{path}" if self.proxy and not self.socket_path else path
