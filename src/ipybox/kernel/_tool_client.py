@@ -538,18 +538,7 @@ class _Connection:
                 raise _ClosedBeforeAnswer("the tool server closed the connection")
         lines = bytes(buffer[:end]).split(b"\r\n")
         del buffer[: end + 4]
-        status = int(lines[0].split(b" ", 2)[1])
-        length = -1
-        chunked = close = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = value.strip().lower() == b"close"
+        status, length, chunked, close = _response_head(lines)
         if chunked:
             return status, self._read_chunked(), close
         if length >= 0:
@@ -652,18 +641,7 @@ class _AsyncConnection:
                 raise ConnectionResetError("the tool server closed the connection mid-answer") from exc
             raise _ClosedBeforeAnswer("the tool server closed the connection") from exc
         lines = head[:-4].split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        length = -1
-        chunked = close = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = value.strip().lower() == b"close"
+        status, length, chunked, close = _response_head(lines)
         if chunked:
             chunks = []
             while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
@@ -675,6 +653,23 @@ class _AsyncConnection:
         if length >= 0:
             return status, await reader.readexactly(length), close
         return status, await reader.read(), True
+
+
+def _response_head(lines: list[bytes]) -> tuple[int, int, bool, bool]:
+    """``(status, content_length, chunked, server_closes)`` of a response head's lines (length -1: none)."""
+    status = int(lines[0].split(b" ", 2)[1])
+    length = -1
+    chunked = close = False
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            close = value.strip().lower() == b"close"
+    return status, length, chunked, close
 
 
 def _proxy_address(proxy: str) -> tuple[str, int]:
