@@ -21,18 +21,20 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import anyio
 import httpx2
+from anyio.streams.memory import MemoryObjectSendStream
 from mcp.client import Client
 from mcp.client import stdio as sdk_stdio
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
+from mcp.os.win32.utilities import ServerProcess
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
 from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
@@ -778,42 +780,6 @@ async def _bounded_stdio(
         await read_writer.send(SessionMessage(reply))
         return True
 
-    async def read() -> None:
-        assert process.stdout is not None
-        buffer = bytearray()
-        head = b""  # the start of a line being skipped (over the limit), for its request id
-        skipped = 0
-        try:
-            async with read_writer:
-                try:
-                    async for chunk in process.stdout:
-                        start = 0
-                        while (end := chunk.find(b"\n", start)) >= 0:
-                            if skipped:
-                                if not await refuse(head, skipped + end - start):
-                                    return  # no request to fail: the session ends instead
-                                head, skipped = b"", 0
-                            else:
-                                buffer += chunk[start:end]
-                                await deliver(buffer)  # parsed before the first await: no copy
-                                buffer.clear()
-                            start = end + 1
-                        rest = len(chunk) - start
-                        if skipped:
-                            skipped += rest
-                        elif max_message_size is not None and len(buffer) + rest > max_message_size:
-                            head = (bytes(buffer) + chunk[start : start + 4096])[:4096]
-                            skipped = len(buffer) + rest
-                            buffer.clear()
-                        else:
-                            buffer += chunk[start:]
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    return
-                finally:
-                    await sdk_stdio._drain_stdout(process)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
-            pass
-
     async def write() -> None:
         assert process.stdin is not None
         try:
@@ -827,7 +793,7 @@ async def _bounded_stdio(
             writer_done.set()
 
     async with anyio.create_task_group() as tasks:
-        tasks.start_soon(read)
+        tasks.start_soon(_read_bounded, process, max_message_size, read_writer, deliver, refuse)
         tasks.start_soon(write)
         try:
             yield read_stream, write_stream
@@ -841,6 +807,50 @@ async def _bounded_stdio(
                 for stream in (read_stream, write_stream, read_writer, write_reader):
                     await stream.aclose()
             tasks.cancel_scope.cancel()
+
+
+async def _read_bounded(
+    process: ServerProcess,
+    max_message_size: int | None,
+    read_writer: MemoryObjectSendStream[Any],
+    deliver: Callable[[bytes | bytearray], Awaitable[None]],
+    refuse: Callable[[bytes, int], Awaitable[bool]],
+) -> None:
+    """Read the server's stdout for `_bounded_stdio`: `deliver` each line, `refuse` each one over the limit."""
+    assert process.stdout is not None
+    buffer = bytearray()
+    head = b""  # the start of a line being skipped (over the limit), for its request id
+    skipped = 0
+    try:
+        async with read_writer:
+            try:
+                async for chunk in process.stdout:
+                    start = 0
+                    while (end := chunk.find(b"\n", start)) >= 0:
+                        if skipped:
+                            if not await refuse(head, skipped + end - start):
+                                return  # no request to fail: the session ends instead
+                            head, skipped = b"", 0
+                        else:
+                            buffer += chunk[start:end]
+                            await deliver(buffer)  # parsed before the first await: no copy
+                            buffer.clear()
+                        start = end + 1
+                    rest = len(chunk) - start
+                    if skipped:
+                        skipped += rest
+                    elif max_message_size is not None and len(buffer) + rest > max_message_size:
+                        head = (bytes(buffer) + chunk[start : start + 4096])[:4096]
+                        skipped = len(buffer) + rest
+                        buffer.clear()
+                    else:
+                        buffer += chunk[start:]
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return
+            finally:
+                await sdk_stdio._drain_stdout(process)
+    except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
+        pass
 
 
 def _find_process_group(marker: str) -> int | None:

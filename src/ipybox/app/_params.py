@@ -107,6 +107,31 @@ def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams
     return dataclasses.replace(resolved, secrets=tuple(sorted(environment.used, key=len, reverse=True)))
 
 
+def _pinned_command(params: StdioParams, env_path: str) -> str:
+    """The server's command as `confine` checks it: looked up on `env_path`, else as given."""
+    command = params.command
+    if os.sep in command:
+        # A relative command is found from the working directory, the private one included.
+        return os.path.join(params.cwd, command) if params.cwd else command
+    return shutil.which(command, path=env_path) or command
+
+
+def _refusal(server_name: str, secrets: Sequence[str], what: str, given: str, path: str, root: str) -> str:
+    """The message of `confine` for `given` (path `path` in it) inside writable folder `root`."""
+    shown = f"{given!r}" if given == path else f"{given!r} (the path {path})"
+    message = (
+        f"MCP server {server_name!r} is refused: its {what} {shown} lies in {root}, which the "
+        "sandboxed kernel can write, so code in the kernel could change what this server runs or "
+        "reads outside the sandbox. Move it out of the kernel's folders (keep servers, their "
+        "files and working directory beside, not inside, the working directory), or, to give a "
+        "server the workspace as data, run it sandboxed itself: "
+        '{"command": "srt", "args": ["--settings", FILE, ...]} with FILE outside these folders.'
+    )
+    for secret in secrets:
+        message = message.replace(secret, "***")
+    return message
+
+
 def confine(
     server_name: str, params: StdioParams, writable: Sequence[Path], readonly: Sequence[Path] = ()
 ) -> StdioParams:
@@ -147,12 +172,7 @@ def confine(
     # Where relative paths lead: the given cwd, or else the private folder the session makes.
     base = os.path.abspath(params.cwd or os.path.join(tempfile.gettempdir(), "ipybox-mcp-private"))
     env_path = env.get("PATH", os.environ.get("PATH", os.defpath))
-    command = params.command
-    if os.sep in command:
-        # A relative command is found from the working directory, the private one included.
-        command = os.path.join(params.cwd, command) if params.cwd else command
-    else:
-        command = shutil.which(command, path=env_path) or command
+    command = _pinned_command(params, env_path)
 
     def check(what: str, given: str, paths: Sequence[str]) -> None:
         for path in paths:
@@ -163,18 +183,7 @@ def confine(
                 root = next((r for r in roots if _within(form, r)), None)
                 if root is None or any(_within(form, r) for r in carved):
                     continue
-                shown = f"{given!r}" if given == path else f"{given!r} (the path {path})"
-                message = (
-                    f"MCP server {server_name!r} is refused: its {what} {shown} lies in {root}, which the "
-                    "sandboxed kernel can write, so code in the kernel could change what this server runs or "
-                    "reads outside the sandbox. Move it out of the kernel's folders (keep servers, their "
-                    "files and working directory beside, not inside, the working directory), or, to give a "
-                    "server the workspace as data, run it sandboxed itself: "
-                    '{"command": "srt", "args": ["--settings", FILE, ...]} with FILE outside these folders.'
-                )
-                for secret in params.secrets:
-                    message = message.replace(secret, "***")
-                raise ServerParamsError(message)
+                raise ServerParamsError(_refusal(server_name, params.secrets, what, given, path, root))
 
     # A command that was not found fails to start on its own; only a found one is checked.
     if os.sep in command:

@@ -35,7 +35,7 @@ import stat
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -457,15 +457,16 @@ def sandbox_settings(
     parent_env = [str(folder / ".env") for folder in working_dir.parents if (folder / ".env").is_file()]
     # A kernel started as root reads in /etc only what any user could, whatever the config says.
     as_root = root_only() if sys.platform == "linux" and os.geteuid() == 0 else ()
-    for path in [
-        str(private_base()),
-        *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES),
-        *parent_env,
-        *as_root,
-        *(str(folder) for folder in hidden),
-    ]:
-        if path not in deny_read:
-            deny_read.append(path)
+    _add_new(
+        deny_read,
+        [
+            str(private_base()),
+            *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES),
+            *parent_env,
+            *as_root,
+            *(str(folder) for folder in hidden),
+        ],
+    )
     # srt hides a denied folder behind an empty tmpfs and binds back the allowWrite and allowRead
     # paths inside it; a writable ancestor of the working directory is not bound back, so the
     # working directory is named itself (then it stays writable, not just readable).
@@ -484,22 +485,25 @@ def sandbox_settings(
     if hidden:
         extra.append(str(working_dir))
     imported = [*python_paths(Path.home()), *extra]
-    for path in [*imported, *([str(tool_socket.parent)] if tool_socket else [])]:
-        if path not in allow_read:
-            allow_read.append(path)
+    _add_new(allow_read, [*imported, *([str(tool_socket.parent)] if tool_socket else [])])
     # A folder imported from outside the kernel's Python is readable whole (a flat-layout editable
     # install's project, a PYTHONPATH entry): its secrets stay hidden (denyRead of a name inside
     # wins over allowRead of its folder).
     for folder in imported:
-        for path in import_path_secrets(Path(folder).resolve(), working_dir):
-            if path not in deny_read:
-                deny_read.append(path)
+        _add_new(deny_read, import_path_secrets(Path(folder).resolve(), working_dir))
     if hidden:
         # srt re-opens what allowRead and allowWrite name inside a denied folder: inside a hidden
         # one, only the working directory may be.
         for key in ("allowRead", "allowWrite"):
             filesystem[key] = [path for path in filesystem[key] if not _reopens(path, hidden, working_dir)]
     return settings
+
+
+def _add_new(target: list[Any], paths: Iterable[str]) -> None:
+    """Append each of `paths` that `target` does not hold yet, in order."""
+    for path in paths:
+        if path not in target:
+            target.append(path)
 
 
 def import_path_secrets(folder: Path, working_dir: Path) -> list[str]:

@@ -62,7 +62,7 @@ from ipybox.app._approval_server import (
 from ipybox.app._mcp import MCPSession
 from ipybox.app._params import StdioParams, confine, resolve_params
 from ipybox.app._registry import ServerRegistry
-from ipybox.app._shell import ShellRunner
+from ipybox.app._shell import ShellResult, ShellRunner
 from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 
 __all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
@@ -573,34 +573,13 @@ class ToolServer:
             )
         if body.kind == "shell_magic" and not body.argv:
             return _error_response(400, "failed", "A shell_magic request needs argv, the program to run.")
-        if body.kind == "shell":
-            tool_args: dict[str, Any] = {"cmd": body.cmd}
-            argv = ["/bin/sh", "-c", body.cmd]
-        else:
-            assert body.argv is not None
-            tool_args = {"magic": body.argv[0], "cmd": body.cmd}
-            if body.argv[1:]:
-                tool_args["args"] = body.argv[1:]
-            argv = body.argv
+        tool_args, argv = _shell_call(body)
         approval = _RunRequest(server_name="ipybox", tool_name=body.kind, tool_args=tool_args)
         try:
             await self._approve(approval, f"ipybox.{body.kind}")
         except _ToolCallError as exc:
             return _error_response(exc.status, exc.kind, exc.message)
-        cell = body.cmd.encode() if body.kind == "shell_magic" else None
-        running = asyncio.ensure_future(
-            runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == "shell")
-        )
-        # The kernel closes the connection when its cell is interrupted: the command stops with it.
-        gone = asyncio.ensure_future(_disconnected(request.receive))
-        try:
-            await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not running.done():
-                running.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await running
+        running = await _run_while_connected(runner, body, argv, request.receive)
         if running.cancelled():
             return Response(status_code=400)  # the client left; nobody reads this
         try:
@@ -925,6 +904,36 @@ class ToolServer:
             await session.start()
             self._sessions[server_name] = (session, params)
             return session
+
+
+def _shell_call(body: _ShellRequest) -> tuple[dict[str, Any], list[str]]:
+    """The arguments a shell request is approved with, and the program line it runs."""
+    if body.kind == "shell":
+        return {"cmd": body.cmd}, ["/bin/sh", "-c", body.cmd]
+    assert body.argv is not None
+    tool_args: dict[str, Any] = {"magic": body.argv[0], "cmd": body.cmd}
+    if body.argv[1:]:
+        tool_args["args"] = body.argv[1:]
+    return tool_args, body.argv
+
+
+async def _run_while_connected(
+    runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
+) -> asyncio.Future[ShellResult]:
+    """Run an approved shell request; it is cancelled if the kernel closes the connection first."""
+    cell = body.cmd.encode() if body.kind == "shell_magic" else None
+    running = asyncio.ensure_future(runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == "shell"))
+    # The kernel closes the connection when its cell is interrupted: the command stops with it.
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    return running
 
 
 async def _disconnected(receive: Receive) -> None:

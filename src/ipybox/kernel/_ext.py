@@ -37,7 +37,9 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from types import FrameType, TracebackType
 from typing import Any
@@ -96,48 +98,53 @@ def _reply_to_every_interrupt(ip: Any) -> None:
     ``KeyboardInterrupt`` raised in one ("Error in callback"), then ran the cell anyway; an
     interrupt landing in a hook is held until the hooks are done and raised then, outside them.
     """
-    import signal
-    import threading
-
     kernel = getattr(ip, "kernel", None)
     execute = getattr(kernel, "do_execute", None)
     if kernel is None or execute is None or not hasattr(kernel, "pre_handler_hook"):
         return
-    noted = False
-    in_hooks = held = False
-    trigger = ip.events.trigger
+    replies = _InterruptReplies(kernel, execute, ip.events.trigger)
+    kernel.pre_handler_hook = replies.pre_handler_hook
+    kernel.do_execute = replies.do_execute
+    ip.events.trigger = replies.trigger_then_interrupt
 
-    def trigger_then_interrupt(event: str, *args: Any, **kwargs: Any) -> None:
-        nonlocal in_hooks, held
-        if in_hooks:  # a hook that triggers another event
-            trigger(event, *args, **kwargs)
+
+class _InterruptReplies:
+    """The handlers `_reply_to_every_interrupt` puts in a kernel, and the state they share."""
+
+    def __init__(self, kernel: Any, execute: Any, trigger: Any) -> None:
+        self.kernel, self.execute, self.trigger = kernel, execute, trigger
+        self.noted = False  # an interrupt arrived after the request was announced
+        self.in_hooks = False  # IPython's event hooks are running
+        self.held = False  # an interrupt arrived in a hook, raised once the hooks are done
+
+    def trigger_then_interrupt(self, event: str, *args: Any, **kwargs: Any) -> None:
+        if self.in_hooks:  # a hook that triggers another event
+            self.trigger(event, *args, **kwargs)
             return
-        in_hooks, held = True, False
+        self.in_hooks, self.held = True, False
         try:
-            trigger(event, *args, **kwargs)
+            self.trigger(event, *args, **kwargs)
         finally:
-            in_hooks = False
-        if held:
-            held = False
+            self.in_hooks = False
+        if self.held:
+            self.held = False
             raise KeyboardInterrupt
 
-    def note(signum: int, frame: FrameType | None) -> None:
-        nonlocal noted
-        noted = True
+    def note(self, signum: int, frame: FrameType | None) -> None:
+        self.noted = True
 
-    def pre_handler_hook() -> None:
-        nonlocal noted
-        noted = False
-        kernel.saved_sigint_handler = signal.signal(signal.SIGINT, note)
+    def pre_handler_hook(self) -> None:
+        self.noted = False
+        self.kernel.saved_sigint_handler = signal.signal(signal.SIGINT, self.note)
 
-    async def do_execute(*args: Any, **kwargs: Any) -> Any:
+    async def do_execute(self, *args: Any, **kwargs: Any) -> Any:
         interrupted = False
 
         def on_interrupt(signum: int, frame: FrameType | None) -> None:
-            nonlocal interrupted, held
+            nonlocal interrupted
             interrupted = True
-            if in_hooks:
-                held = True
+            if self.in_hooks:
+                self.held = True
                 return
             raise KeyboardInterrupt
 
@@ -145,32 +152,29 @@ def _reply_to_every_interrupt(ip: Any) -> None:
         if main:
             signal.signal(signal.SIGINT, on_interrupt)
         try:
-            if noted:  # arrived after the request was announced, before the cell started
+            if self.noted:  # arrived after the request was announced, before the cell started
                 interrupted = True
                 raise KeyboardInterrupt
-            return await execute(*args, **kwargs)
+            return await self.execute(*args, **kwargs)
         except (Exception, KeyboardInterrupt) as exc:  # broad: a request must never go unanswered
-            name = (
-                "KeyboardInterrupt"
-                if interrupted or isinstance(exc, KeyboardInterrupt)
-                else type(exc).__name__
-            )
-            return {
-                "status": "error",
-                "execution_count": getattr(kernel, "execution_count", None),
-                "ename": name,
-                "evalue": f"the execution was stopped outside the cell's code ({type(exc).__name__})",
-                "traceback": [f"{name}: the execution was stopped outside the cell's code"],
-                "user_expressions": {},
-                "payload": [],
-            }
+            return _stopped_reply(self.kernel, exc, interrupted)
         finally:
             if main:
-                signal.signal(signal.SIGINT, note)
+                signal.signal(signal.SIGINT, self.note)
 
-    kernel.pre_handler_hook = pre_handler_hook
-    kernel.do_execute = do_execute
-    ip.events.trigger = trigger_then_interrupt
+
+def _stopped_reply(kernel: Any, exc: BaseException, interrupted: bool) -> dict[str, Any]:
+    """The error reply of an execution that `exc` stopped outside the cell's code."""
+    name = "KeyboardInterrupt" if interrupted or isinstance(exc, KeyboardInterrupt) else type(exc).__name__
+    return {
+        "status": "error",
+        "execution_count": getattr(kernel, "execution_count", None),
+        "ename": name,
+        "evalue": f"the execution was stopped outside the cell's code ({type(exc).__name__})",
+        "traceback": [f"{name}: the execution was stopped outside the cell's code"],
+        "user_expressions": {},
+        "payload": [],
+    }
 
 
 # Output a cell writes is sent at least every this many characters, whatever the load.

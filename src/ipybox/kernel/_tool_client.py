@@ -278,37 +278,42 @@ class ToolRunner:
                             continue
                         raise self._unreachable(tool_name, exc) from exc
                     status, data, close = connection.receive()
-                except (_ClosedBeforeAnswer, BrokenPipeError, ConnectionResetError) as exc:
-                    # The request was sent and may have run: a tool call runs at most once.
+                except BaseException as exc:
+                    # The connection is unusable, whatever went wrong (a KeyboardInterrupt from the
+                    # kernel mid-response too, which goes on as it is).
                     self._drop_connection()
-                    raise ToolRunnerError(
-                        f"{self._what(tool_name)} failed: the tool server at {self.host}:{self.port} closed the "
-                        f"connection after the request was sent ({exc}); it may or may not have run, so it was "
-                        "not sent again. Check its effect before calling it again.",
-                        "failed",
-                        self.server_name,
-                        tool_name,
-                    ) from exc
-                except TimeoutError as exc:
-                    self._drop_connection()
-                    raise ToolRunnerError(
-                        f"{self._what(tool_name)} failed: the tool server did not answer within "
-                        f"{self.read_timeout:g} s.",
-                        "failed",
-                        self.server_name,
-                        tool_name,
-                    ) from exc
-                except (OSError, ValueError) as exc:
-                    self._drop_connection()
-                    raise self._unreachable(tool_name, exc) from exc
-                except BaseException:
-                    # E.g. a KeyboardInterrupt from the kernel mid-response: the connection is unusable.
-                    self._drop_connection()
-                    raise
+                    error = self._failure(tool_name, exc)
+                    if error is None:
+                        raise
+                    raise error from exc
                 if close:
                     self._drop_connection()
                 return status, data
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _failure(self, tool_name: str, exc: BaseException) -> ToolRunnerError | None:
+        """The error a request that `exc` stopped fails with, or ``None`` to let `exc` go on."""
+        if isinstance(exc, _ClosedBeforeAnswer | BrokenPipeError | ConnectionResetError):
+            # The request was sent and may have run: a tool call runs at most once.
+            return ToolRunnerError(
+                f"{self._what(tool_name)} failed: the tool server at {self.host}:{self.port} closed the "
+                f"connection after the request was sent ({exc}); it may or may not have run, so it was "
+                "not sent again. Check its effect before calling it again.",
+                "failed",
+                self.server_name,
+                tool_name,
+            )
+        if isinstance(exc, TimeoutError):
+            return ToolRunnerError(
+                f"{self._what(tool_name)} failed: the tool server did not answer within "
+                f"{self.read_timeout:g} s.",
+                "failed",
+                self.server_name,
+                tool_name,
+            )
+        if isinstance(exc, OSError | ValueError):
+            return self._unreachable(tool_name, exc)
+        return None
 
     def _head(self, method: str, path: str) -> bytes:
         target = f"http://{self.host}:{self.port}{path}" if self.proxy and not self.socket_path else path
@@ -535,18 +540,7 @@ class _Connection:
                 raise _ClosedBeforeAnswer("the tool server closed the connection")
         lines = bytes(buffer[:end]).split(b"\r\n")
         del buffer[: end + 4]
-        status = int(lines[0].split(b" ", 2)[1])
-        length = -1
-        chunked = close = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = value.strip().lower() == b"close"
+        status, length, chunked, close = _response_head(lines)
         if chunked:
             return status, self._read_chunked(), close
         if length >= 0:
@@ -649,18 +643,7 @@ class _AsyncConnection:
                 raise ConnectionResetError("the tool server closed the connection mid-answer") from exc
             raise _ClosedBeforeAnswer("the tool server closed the connection") from exc
         lines = head[:-4].split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        length = -1
-        chunked = close = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = value.strip().lower() == b"close"
+        status, length, chunked, close = _response_head(lines)
         if chunked:
             chunks = []
             while (size := int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)) > 0:
@@ -672,6 +655,23 @@ class _AsyncConnection:
         if length >= 0:
             return status, await reader.readexactly(length), close
         return status, await reader.read(), True
+
+
+def _response_head(lines: list[bytes]) -> tuple[int, int, bool, bool]:
+    """``(status, content_length, chunked, server_closes)`` of a response head's lines (length -1: none)."""
+    status = int(lines[0].split(b" ", 2)[1])
+    length = -1
+    chunked = close = False
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            close = value.strip().lower() == b"close"
+    return status, length, chunked, close
 
 
 def _proxy_address(proxy: str) -> tuple[str, int]:

@@ -153,13 +153,27 @@ class ToolSession:
             text = f"{text}\n{_output.clean(failure)}" if text else _output.clean(failure)
             return _error(_output.truncate(text, max_output_chars, self.workspace))
         assert result is not None
+        return await self._cell_result(result, max_output_chars)
+
+    async def _cell_result(self, result: CodeExecutionResult, max_output_chars: int) -> types.CallToolResult:
+        """The answer of `execute_ipython_cell` for a cell that ran: its output, then its images."""
         text = _output.truncate(_output.clean(result.text or ""), max_output_chars, self.workspace)
         # "(no output)" only where there is nothing else to show (not beside images).
         content: list[types.ContentBlock] = [_text(text)] if text else []
         if not text and not result.images:
             content.append(_text("(no output)"))
+        images, skipped = await self._image_blocks(result.images)
+        content += images
+        if result.images:
+            paths = ", ".join(str(self._relative(image)) for image in result.images)
+            content.append(_text(" ".join([f"Images saved in the workspace: {paths}", *skipped])))
+        return types.CallToolResult(content=content)
+
+    async def _image_blocks(self, images: list[Path]) -> tuple[list[types.ContentBlock], list[str]]:
+        """The PNGs of a cell's images, and a note for each one that is not shown."""
+        blocks: list[types.ContentBlock] = []
         skipped: list[str] = []
-        for image in result.images:
+        for image in images:
             try:
                 data = _output.read_image(image, self.workspace)
             except ConfinedPathError as exc:
@@ -171,11 +185,8 @@ class ToolSession:
             except _output.ImageSkipped as exc:
                 skipped.append(f"Image {self._relative(image)} is not shown: {exc}.")
                 continue
-            content.append(types.ImageContent(type="image", data=encoded, mime_type="image/png"))
-        if result.images:
-            paths = ", ".join(str(self._relative(image)) for image in result.images)
-            content.append(_text(" ".join([f"Images saved in the workspace: {paths}", *skipped])))
-        return types.CallToolResult(content=content)
+            blocks.append(types.ImageContent(type="image", data=encoded, mime_type="image/png"))
+        return blocks, skipped
 
     @_tool(
         title="Register an MCP server",

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ipybox.app._codegen._names import SchemaError, _field_name, _first_line, docstring, str_literal
-from ipybox.app._codegen._schema import _Class, _Compiler, _Module
+from ipybox.app._codegen._schema import _Class, _Compiler, _Field, _Module
 
 
 def _render_class(cls: _Class, reserved: set[str]) -> str:
@@ -18,29 +18,39 @@ def _render_class(cls: _Class, reserved: set[str]) -> str:
         lines.append("    model_config = ConfigDict(extra='forbid')")
     used: set[str] = set()
     for item in cls.fields:
-        base = _field_name(item.key)
-        if base in reserved:
-            base += "_"
-        name, suffix = base, 2
-        while name in used or name in reserved:
-            name, suffix = f"{base}_{suffix}", suffix + 1
+        name = _unique_field_name(item.key, used, reserved)
         used.add(name)
-        arguments: list[str] = []
-        if not item.required:
-            arguments.append(item.default or "None")
-        if name != item.key:
-            arguments.append(f"alias={str_literal(item.key)}")
-        if item.description is not None:
-            arguments.append(f"description={str_literal(item.description)}")
-        if item.required and not arguments:
-            lines.append(f"    {name}: {item.annotation}")
-        elif not item.required and len(arguments) == 1:
-            lines.append(f"    {name}: {item.annotation} = {arguments[0]}")
-        else:
-            lines.append(f"    {name}: {item.annotation} = Field({', '.join(arguments)})")
+        lines.append(_field_line(name, item))
     if len(lines) == 1:
         lines.append("    pass")
     return "\n".join(lines)
+
+
+def _unique_field_name(key: str, used: set[str], reserved: set[str]) -> str:
+    """The attribute name of property `key`: a valid identifier, neither reserved nor used yet."""
+    base = _field_name(key)
+    if base in reserved:
+        base += "_"
+    name, suffix = base, 2
+    while name in used or name in reserved:
+        name, suffix = f"{base}_{suffix}", suffix + 1
+    return name
+
+
+def _field_line(name: str, item: _Field) -> str:
+    """The class body line that declares field `item` as attribute `name`."""
+    arguments: list[str] = []
+    if not item.required:
+        arguments.append(item.default or "None")
+    if name != item.key:
+        arguments.append(f"alias={str_literal(item.key)}")
+    if item.description is not None:
+        arguments.append(f"description={str_literal(item.description)}")
+    if item.required and not arguments:
+        return f"    {name}: {item.annotation}"
+    if not item.required and len(arguments) == 1:
+        return f"    {name}: {item.annotation} = {arguments[0]}"
+    return f"    {name}: {item.annotation} = Field({', '.join(arguments)})"
 
 
 _HEADER = """from __future__ import annotations

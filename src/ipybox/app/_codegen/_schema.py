@@ -131,6 +131,19 @@ class _Compiler:
             return self._with_nullable(schema, self._ref(schema["$ref"], hint, where))
         if "allOf" in schema:
             return self.type_of(self._merge_all_of(schema, where), hint, where)
+        composite = self._composite_type(schema, hint, where)
+        if composite is not None:
+            return composite
+        literal = self._literal_of(schema, where)
+        if literal is not None:
+            return literal
+        return self._with_nullable(
+            schema,
+            _union([self._json_type(t, schema, hint, where) for t in _types(schema, self.side, where)]),
+        )
+
+    def _composite_type(self, schema: Mapping[str, Any], hint: str, where: str) -> str | None:
+        """The union of the first ``anyOf`` / ``oneOf`` with typed branches, else ``None``."""
         for key in _COMPOSITES:
             if key in schema:
                 branches = schema[key]
@@ -144,6 +157,10 @@ class _Compiler:
                         for i, branch in enumerate(branches)
                     ]
                     return self._with_nullable(schema, _union(types))
+        return None
+
+    def _literal_of(self, schema: Mapping[str, Any], where: str) -> str | None:
+        """The ``Literal`` of a ``const`` or ``enum`` schema, else ``None``."""
         if "const" in schema:
             literal = _literal_type([schema["const"]])
             if literal is not None:
@@ -155,10 +172,7 @@ class _Compiler:
             literal = _literal_type(values)
             if literal is not None:
                 return self._with_nullable(schema, literal)
-        return self._with_nullable(
-            schema,
-            _union([self._json_type(t, schema, hint, where) for t in _types(schema, self.side, where)]),
-        )
+        return None
 
     def _json_type(self, json_type: str, schema: Mapping[str, Any], hint: str, where: str) -> str:
         if json_type == "object":
@@ -227,22 +241,25 @@ class _Compiler:
             key = str(key)
             if prop is False:
                 continue
-            if not _valid_unicode(key):
-                raise SchemaError(f"{self.side}{where}: property name {key!r} is not valid Unicode")
-            prop_where = f"{where}/properties/{_escape_pointer(key)}"
-            annotation = self.type_of(prop, key, prop_where)
-            is_required = key in required
-            prop_map: Mapping[str, Any] = prop if isinstance(prop, Mapping) else {}
-            description = _text(prop_map.get("description"))
-            default = None
-            if not is_required:
-                annotation = _union([annotation, "None"])
-                if "default" in prop_map and self._default_fits(prop_map["default"], prop_map, annotation):
-                    default = _python_literal(prop_map["default"])
-                if default is None:
-                    default = "None"
-            cls.fields.append(_Field(key, annotation, is_required, default, description))
+            cls.fields.append(self._build_field(key, prop, key in required, where))
         self.module.classes.append(cls)
+
+    def _build_field(self, key: str, prop: Any, is_required: bool, where: str) -> _Field:
+        """The field of property `key` (schema `prop`) of the class at `where`."""
+        if not _valid_unicode(key):
+            raise SchemaError(f"{self.side}{where}: property name {key!r} is not valid Unicode")
+        prop_where = f"{where}/properties/{_escape_pointer(key)}"
+        annotation = self.type_of(prop, key, prop_where)
+        prop_map: Mapping[str, Any] = prop if isinstance(prop, Mapping) else {}
+        description = _text(prop_map.get("description"))
+        default = None
+        if not is_required:
+            annotation = _union([annotation, "None"])
+            if "default" in prop_map and self._default_fits(prop_map["default"], prop_map, annotation):
+                default = _python_literal(prop_map["default"])
+            if default is None:
+                default = "None"
+        return _Field(key, annotation, is_required, default, description)
 
     def _alternative_properties(self, schema: Mapping[str, Any], where: str) -> dict[str, Any]:
         properties: dict[str, Any] = {}
@@ -358,29 +375,42 @@ class _Compiler:
         for i, part in enumerate(parts):
             if isinstance(part, bool):
                 continue
-            if not isinstance(part, Mapping):
-                raise SchemaError(f"{self.side}{where}/allOf/{i} must be a schema")
-            hops = 0
-            while "$ref" in part and hops <= _MAX_DEPTH:
-                _, target = self._resolve(part["$ref"])
-                part, hops = (target if isinstance(target, Mapping) else {}), hops + 1
-            if "allOf" in part:
-                part = self._merge_all_of(part, f"{where}/allOf/{i}", depth + 1)
-            part_properties = part.get("properties")
-            if isinstance(part_properties, Mapping):
-                properties.update(part_properties)
-            part_required = part.get("required")
-            if isinstance(part_required, list):
-                required.extend(part_required)
-            for key, value in part.items():
-                if key not in ("properties", "required", "$ref"):
-                    merged.setdefault(key, value)
+            part = self._all_of_part(part, f"{where}/allOf/{i}", depth)
+            _merge_part(part, merged, properties, required)
         if properties:
             merged["properties"] = properties
             merged.setdefault("type", "object")
         if required:
             merged["required"] = required
         return merged
+
+    def _all_of_part(self, part: Any, where: str, depth: int) -> Mapping[str, Any]:
+        """Part `part` of an ``allOf`` at `where`, its ``$ref`` followed and its own ``allOf`` merged."""
+        if not isinstance(part, Mapping):
+            raise SchemaError(f"{self.side}{where} must be a schema")
+        resolved: Mapping[str, Any] = part
+        hops = 0
+        while "$ref" in resolved and hops <= _MAX_DEPTH:
+            _, target = self._resolve(resolved["$ref"])
+            resolved, hops = (target if isinstance(target, Mapping) else {}), hops + 1
+        if "allOf" in resolved:
+            resolved = self._merge_all_of(resolved, where, depth + 1)
+        return resolved
+
+
+def _merge_part(
+    part: Mapping[str, Any], merged: dict[str, Any], properties: dict[str, Any], required: list[Any]
+) -> None:
+    """Add one ``allOf`` part: its properties and required names, and its other keys not yet set."""
+    part_properties = part.get("properties")
+    if isinstance(part_properties, Mapping):
+        properties.update(part_properties)
+    part_required = part.get("required")
+    if isinstance(part_required, list):
+        required.extend(part_required)
+    for key, value in part.items():
+        if key not in ("properties", "required", "$ref"):
+            merged.setdefault(key, value)
 
 
 def _escape_pointer(part: str) -> str:
