@@ -29,6 +29,8 @@ from ipybox import (
 )
 from ipybox.app._registry import ServerRegistry
 from ipybox.errors import ApprovalDecisionError
+from ipybox.kernel_mgr.client import KernelClient
+from ipybox.kernel_mgr.server import KernelGateway
 from tests.conftest import DEMO_SERVER
 from tests.sandbox_support import require_sandbox
 
@@ -365,3 +367,43 @@ async def test_an_application_killed_with_sigkill_leaves_no_gateway_or_kernel_be
         for process in left:
             with contextlib.suppress(psutil.Error):
                 process.kill()
+
+
+# The kernel hands the gateway's own output pipe (its inherited standard output, which ipykernel
+# keeps on a descriptor of its own) to a program that leaves the kernel's process tree.
+HOLD_GATEWAY_OUTPUT = """
+import os, subprocess
+gateway_output = os.readlink(f"/proc/{os.getppid()}/fd/1")
+held = next(
+    int(fd) for fd in os.listdir("/proc/self/fd")
+    if int(fd) > 2 and os.readlink(f"/proc/self/fd/{fd}") == gateway_output
+)
+daemon = subprocess.run(
+    ["sh", "-c", "sleep 600 2>/dev/null & echo $! >&2"], stdout=held, stderr=subprocess.PIPE, check=True
+)
+print(gateway_output, int(daemon.stderr))
+"""
+
+
+@pytest.mark.parametrize("grace", [0, 0.05])
+async def test_a_program_holding_the_gateways_output_cannot_make_stop_hang(grace: float) -> None:
+    """A process that outlives the kernel and holds the gateway's output pipe cannot hang stop().
+
+    On Python 3.11, waiting for a process whose output pipe asyncio holds ends only when every
+    copy of that pipe is closed. When the gateway's exit came in after stop() began to wait
+    (always so with no grace: it is killed and waited for at once), stop() waited for ever.
+    """
+    daemon = None
+    async with KernelGateway(port=None) as gateway:
+        try:
+            async with KernelClient(port=gateway.port) as client:
+                held = await client.execute(HOLD_GATEWAY_OUTPUT)
+            pipe, pid = (held.text or "").split()
+            daemon = psutil.Process(int(pid))
+            assert os.readlink(f"/proc/{pid}/fd/1") == pipe
+            # A bound on a hang, not a timing check: stop() takes well under a second.
+            async with asyncio.timeout(60):
+                await gateway.stop(timeout=grace)
+        finally:
+            if daemon is not None:
+                daemon.kill()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -127,6 +128,7 @@ class KernelGateway:
             )
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._pipes: _Pipes | None = None
         self._log_tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
         self._announced = asyncio.Event()
         self._jupyter_dir: Path | None = None
@@ -243,23 +245,14 @@ class KernelGateway:
             if self.sandbox:
                 _sandbox.make_placeholders(self.working_dir, self._jupyter_dir)
             self._write_kernel_spec(self._jupyter_dir)
-            self._process = await asyncio.create_subprocess_exec(
-                *self._command(),
-                # Held open, never written: the gateway stops when it reads end of file, which
-                # happens when this process ends, however it ends (even SIGKILL).
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-                env=self._gateway_env(),
-                cwd=start_dir,
-            )
+            self._process, self._pipes = await _spawn(self._command(), self._gateway_env(), start_dir)
         except BaseException:
             if self.sandbox:
                 _sandbox.remove_placeholders(self._jupyter_dir)
             shutil.rmtree(self._jupyter_dir, ignore_errors=True)
             self._jupyter_dir = None
             raise
-        self._reader = asyncio.create_task(self._read_output(self._process))
+        self._reader = asyncio.create_task(self._read_output(self._pipes.output))
         jupyter_dir = self._jupyter_dir
         # A sandbox that cannot start is found while the gateway starts, not by a kernel that never answers.
         check = (
@@ -303,8 +296,6 @@ class KernelGateway:
         try:
             await asyncio.shield(_terminate_tree(process, timeout))
         finally:
-            if process.stdin is not None:
-                process.stdin.close()
             if self._jupyter_dir is not None:
                 if self.sandbox:
                     # The kernels are gone: nothing binds the placeholders any more.
@@ -316,6 +307,9 @@ class KernelGateway:
                 await asyncio.wait({self._reader}, timeout=1)
                 self._reader.cancel()
                 self._reader = None
+            if self._pipes is not None:
+                self._pipes.close()
+                self._pipes = None
 
     async def join(self) -> None:
         """Wait until the gateway process exits."""
@@ -512,9 +506,8 @@ class KernelGateway:
             *argv,
         ]
 
-    async def _read_output(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stdout is not None
-        async for raw in process.stdout:
+    async def _read_output(self, output: asyncio.StreamReader) -> None:
+        async for raw in output:
             line = raw.decode(errors="replace").rstrip()
             self._log_tail.append(line)
             if "is available at" in line:
@@ -603,6 +596,51 @@ _KERNEL_ARGS = [
     # sessions' included. The extension adds it once ipybox is loaded (kernel._ext).
     "--InteractiveShellApp.ignore_cwd=True",
 ]
+
+
+@dataclasses.dataclass
+class _Pipes:
+    """The gateway's ends of its standard input and output, owned here, not by its process object.
+
+    The kernels inherit the gateway's output. On Python 3.11, waiting for a process whose pipes
+    asyncio holds ends only when every copy of them is closed, so one kernel that outlived the
+    gateway's stop held ``stop()`` for ever. Pipes of our own leave the wait to the process alone.
+    """
+
+    output: asyncio.StreamReader
+    transport: asyncio.ReadTransport
+    stdin: int
+
+    def close(self) -> None:
+        self.transport.close()
+        with contextlib.suppress(OSError):
+            os.close(self.stdin)
+
+
+async def _spawn(
+    command: list[str], env: dict[str, str], cwd: Path
+) -> tuple[asyncio.subprocess.Process, _Pipes]:
+    """Start the gateway with its input and output on pipes of our own (see `_Pipes`)."""
+    # Held open, never written: the gateway stops when it reads end of file, which happens
+    # when this process ends, however it ends (even SIGKILL).
+    stdin_read, stdin_write = os.pipe()
+    output_read, output_write = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command, stdin=stdin_read, stdout=output_write, stderr=output_write, env=env, cwd=cwd
+        )
+    except BaseException:
+        os.close(stdin_write)
+        os.close(output_read)
+        raise
+    finally:
+        os.close(stdin_read)
+        os.close(output_write)
+    output = asyncio.StreamReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(output), os.fdopen(output_read, "rb", buffering=0)
+    )
+    return process, _Pipes(output, transport, stdin_write)
 
 
 async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -> None:
