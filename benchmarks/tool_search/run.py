@@ -7,12 +7,15 @@ one of the tools that fit it is among the first k matches; recall@k is the share
 
     uv run --frozen python benchmarks/tool_search/run.py                      # ipybox's search
     uv run --frozen --with rank-bm25 python benchmarks/tool_search/run.py --compare   # and the alternatives
+    uv run --frozen python benchmarks/tool_search/run.py --mcp   # and the MCP server's search_tools round trip
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -124,11 +127,43 @@ def alternatives(docs: Sequence[dict[str, str]], servers: Sequence[dict[str, Any
     return found
 
 
+async def mcp_latency(
+    index: dict[str, Any], queries: Sequence[dict[str, Any]], rounds: int = 5
+) -> dict[str, float]:
+    """The MCP server's ``search_tools`` through the MCP SDK's client (stdio), index already in place."""
+    from mcp.client import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    with tempfile.TemporaryDirectory() as folder:
+        workspace = Path(folder) / "workspace"
+        (workspace / "mcptools").mkdir(parents=True)
+        (workspace / "mcptools" / INDEX_FILE).write_text(json.dumps(index, separators=(",", ":")))
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-m", "ipybox", "--workspace", str(workspace)],
+            env={**os.environ, "IPYBOX_STATE_DIR": str(Path(folder) / "state")},
+        )
+        async with Client(params) as client:
+            times: list[float] = []
+            for _ in range(rounds):
+                for query in queries:
+                    start = time.perf_counter()
+                    result = await client.call_tool("search_tools", {"query": query["query"]})
+                    times.append((time.perf_counter() - start) * 1000)
+                    assert not result.is_error
+    times.sort()
+    return {
+        "median_ms": round(statistics.median(times), 3),
+        "p95_ms": round(times[int(len(times) * 0.95)], 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--compare", action="store_true", help="also measure other rankers")
+    parser.add_argument("--mcp", action="store_true", help="also time the MCP server's search_tools")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args()
     servers, queries = load()
@@ -151,6 +186,7 @@ def main() -> None:
             report["latency"] = latency(ranker, queries)
             results.append(report)
         size = (root / INDEX_FILE).stat().st_size
+    mcp = asyncio.run(mcp_latency(index, queries)) if args.mcp else None
     figures = {
         "tools": len(docs),
         "servers": len(servers),
@@ -159,6 +195,7 @@ def main() -> None:
         "index_bytes": size,
         "first_search_ms (reads and parses the index)": round(first_ms, 2),
         "results": results,
+        "mcp_search_tools_round_trip": mcp,
     }
     print(
         f"{len(docs)} tools across {len(servers)} servers, {len(queries)} queries; index built in {build_ms:.0f} ms, "
@@ -177,6 +214,10 @@ def main() -> None:
         )
         print("  missed at 5:" if report["misses"] else "  missed at 5: none")
         print("\n".join(report["misses"]))
+    if mcp is not None:
+        print(
+            f"\nMCP search_tools round trip (stdio, SDK client): median {mcp['median_ms']} ms, p95 {mcp['p95_ms']} ms"
+        )
     if args.json:
         args.json.write_text(json.dumps(figures, indent=1) + "\n")
 

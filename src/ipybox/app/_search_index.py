@@ -116,7 +116,7 @@ def build_index(entries: Sequence[Mapping[str, str]]) -> dict[str, Any]:
         retriever.index([entry["text"].split() or [""] for entry in entries], show_progress=False)
         scores = retriever.scores
         data, indices, indptr = (
-            scores["data"].round(5).tolist(),
+            scores["data"].astype("float64").round(4).tolist(),
             scores["indices"].tolist(),
             scores["indptr"].tolist(),
         )
