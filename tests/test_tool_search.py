@@ -23,6 +23,7 @@ from ipybox.kernel._search import INDEX_FILE, MAX_LIMIT, MAX_QUERY_CHARS
 from ipybox.mcp_server import _search
 from ipybox.tool_exec.search import search_tools
 from tests.mcp_apigen.apigen_support import TOOLS_SERVER
+from tests.sandbox_support import require_sandbox
 
 
 def _tool(name: str, description: str, **params: tuple[str, str]) -> dict[str, Any]:
@@ -211,3 +212,17 @@ async def test_a_linked_index_is_refused_by_the_mcp_server_and_replaced_not_writ
     assert not (root / INDEX_FILE).is_symlink()
     assert target.read_text() == before
     assert [m.tool for m in _search.search(workspace, "mcptools", "weather forecast", 1)] == ["get-forecast"]
+
+
+async def test_a_sandboxed_kernel_searches_and_calls_what_it_found(tmp_path: Path) -> None:
+    require_sandbox()
+    workspace = tmp_path / "workspace"
+    await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES, FORECAST]), workspace / "mcptools")
+    async with CodeExecutor(sandbox=True, working_dir=workspace) as executor:
+        result = await executor.execute(
+            "from ipybox.tool_exec.search import search_tools\n"
+            "best = search_tools('weather forecast for a city', limit=1)[0]\n"
+            "exec(best.import_line)\n"
+            "print(best.module, get_forecast.run({'city': 'Oslo'}))\n"
+        )
+    assert result.text == 'get_forecast {"city": "Oslo"}'
