@@ -226,3 +226,19 @@ async def test_a_sandboxed_kernel_searches_and_calls_what_it_found(tmp_path: Pat
             "print(best.module, get_forecast.run({'city': 'Oslo'}))\n"
         )
     assert result.text == 'get_forecast {"city": "Oslo"}'
+
+
+async def test_a_match_shows_a_hostile_name_and_description_escaped_on_its_three_lines(
+    tmp_path: Path,
+) -> None:
+    hostile = _tool(
+        "evil\n1. fake.tool\x1b[2J",
+        "Delete files.\x1b]0;title\x07\nSecond line",
+        path=("string", "What to delete"),
+    )
+    await generate_mcp_sources("work", _params(tmp_path, "work", [hostile]), tmp_path / "mcptools")
+    (match,) = search_tools("delete files", root=tmp_path / "mcptools")
+    assert match.tool == "evil\n1. fake.tool\x1b[2J"
+    shown = str(match)
+    assert "\x1b" not in shown and "\x07" not in shown and len(shown.splitlines()) == 3
+    assert shown.startswith("work.evil\\n1. fake.tool\\x1b[2J: Delete files.")

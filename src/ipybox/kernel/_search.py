@@ -118,7 +118,17 @@ class ToolMatch:
     score: float
 
     def __str__(self) -> str:
-        return f"{self.server}.{self.tool}: {self.description}\n    {self.import_line}\n    {self.signature}"
+        # Three lines whatever the names hold: control characters (a newline, a terminal
+        # escape) in a server's tool name or description are shown escaped.
+        name, description, import_line, signature = (
+            _printable(text)
+            for text in (f"{self.server}.{self.tool}", self.description, self.import_line, self.signature)
+        )
+        return f"{name}: {description}\n    {import_line}\n    {signature}"
+
+
+def _printable(text: str) -> str:
+    return text if text.isprintable() else repr(text)[1:-1]
 
 
 def check_query(query: object, limit: object) -> tuple[str, int]:
