@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,7 @@ async def test_a_linked_index_is_refused_by_the_mcp_server_and_replaced_not_writ
     assert [m.tool for m in _search.search(workspace, "mcptools", "weather forecast", 1)] == ["get-forecast"]
 
 
+@pytest.mark.slow  # a sandboxed start is slow
 async def test_a_sandboxed_kernel_searches_and_calls_what_it_found(tmp_path: Path) -> None:
     require_sandbox()
     workspace = tmp_path / "workspace"
@@ -242,3 +244,15 @@ async def test_a_match_shows_a_hostile_name_and_description_escaped_on_its_three
     shown = str(match)
     assert "\x1b" not in shown and "\x07" not in shown and len(shown.splitlines()) == 3
     assert shown.startswith("work.evil\\n1. fake.tool\\x1b[2J: Delete files.")
+
+
+async def test_a_package_deleted_since_the_last_generation_is_not_found(tmp_path: Path) -> None:
+    workspace = tmp_path / "workspace"
+    root = workspace / "mcptools"
+    await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES]), root)
+    await generate_mcp_sources("chat", _params(tmp_path, "chat", [POST]), root)
+    assert _found("post a message to a channel", root)[0] == "chat.post_message"
+    shutil.rmtree(root / "chat")
+    assert "chat.post_message" not in _found("post a message to a channel", root)
+    assert [m.tool for m in _search.search(workspace, "mcptools", "post a message to a channel", 5)] == []
+    assert [m.tool for m in _search.search(workspace, "mcptools", "create an issue", 5)] == ["create_issue"]

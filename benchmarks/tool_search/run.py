@@ -138,6 +138,8 @@ async def mcp_latency(
         workspace = Path(folder) / "workspace"
         (workspace / "mcptools").mkdir(parents=True)
         (workspace / "mcptools" / INDEX_FILE).write_text(json.dumps(index, separators=(",", ":")))
+        for server in {tool["server"] for tool in index["tools"]}:
+            (workspace / "mcptools" / server).mkdir()
         params = StdioServerParameters(
             command=sys.executable,
             args=["-m", "ipybox", "--workspace", str(workspace)],
@@ -174,6 +176,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         root = Path(folder)
         (root / INDEX_FILE).write_text(json.dumps(index, separators=(",", ":")))
+        for server in servers:
+            (root / server["server"]).mkdir()
         start = time.perf_counter()
         search_tools("warm up", 5, root=root)
         first_ms = (time.perf_counter() - start) * 1000

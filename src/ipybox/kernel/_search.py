@@ -19,7 +19,7 @@ import heapq
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,13 +152,17 @@ def check_query(query: object, limit: object) -> tuple[str, int]:
     return query, limit
 
 
-def rank(index: Mapping[str, Any], query: str, limit: int = 5) -> list[ToolMatch]:
+def rank(
+    index: Mapping[str, Any], query: str, limit: int = 5, *, present: Container[str] | None = None
+) -> list[ToolMatch]:
     """The `limit` best tools of a parsed `index` for `query`, best first.
 
     Args:
         index: The parsed content of an index file.
         query: What the tool should do, in words.
         limit: How many matches at most.
+        present: The servers whose package is still there (all when ``None``): a package
+            deleted since the index was built is left out.
 
     Raises:
         ToolSearchError: The query or limit is invalid (see `check_query`), or `index` is not an
@@ -177,6 +181,8 @@ def rank(index: Mapping[str, Any], query: str, limit: int = 5) -> list[ToolMatch
                 continue
             for doc, score in zip(entry[0], entry[1], strict=True):
                 scores[doc] = scores.get(doc, 0.0) + float(score)
+        if present is not None:
+            scores = {doc: score for doc, score in scores.items() if tools[doc]["server"] in present}
         best = heapq.nlargest(limit, scores.items(), key=lambda item: (item[1], -item[0]))
         return [_match(tools[doc], score) for doc, score in best if score > 0]
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
@@ -246,4 +252,8 @@ def search_tools(query: str, limit: int = 5, root: str | os.PathLike[str] = "mcp
         raise ToolSearchError(
             f"The tool search index {str(path)!r} is damaged: generate the sources of an MCP server again."
         )
-    return rank(index, query, limit)
+    try:
+        present = {entry.name for entry in os.scandir(root) if entry.is_dir()}
+    except OSError:
+        present = set()
+    return rank(index, query, limit, present=present)

@@ -34,6 +34,7 @@ def search(workspace: Path, root: str, query: str, limit: int) -> list[ToolMatch
     try:
         with Confined(workspace) as folder:
             data = folder.read_bytes(f"{root}/{INDEX_FILE}", _MAX_INDEX_BYTES)
+            present = set(folder.listdir(root))
     except ConfinedPathError as exc:
         if str(exc).startswith("There is no "):  # no such file or folder: nothing registered yet
             raise ToolSearchError(
@@ -57,4 +58,4 @@ def search(workspace: Path, root: str, query: str, limit: int) -> list[ToolMatch
         raise ToolSearchError(
             f"The tool search index in {root}/ is damaged: register an MCP server again to rebuild it."
         )
-    return rank(index, query, limit)
+    return rank(index, query, limit, present=present)
