@@ -52,6 +52,7 @@ PUBLIC_MODULES: dict[str, list[str] | None] = {
     "ipybox.tool_exec.server": None,
     "ipybox.tool_exec.client": None,
     "ipybox.tool_exec.content": None,
+    "ipybox.tool_exec.search": None,
     "ipybox.tool_exec.approval.server": None,
     "ipybox.tool_exec.approval.client": None,
     "ipybox.mcp_apigen": None,

@@ -182,7 +182,7 @@ async def test_generated_packages_are_not_written_through_a_link_in_place_of_roo
     names = await generate_mcp_sources("demo", params, root / "mcptools")
     assert "echo" in names and (root / "mcptools" / "demo" / "echo.py").is_file()
     assert not (root / "mcptools" / "demo").is_symlink() and os.listdir(outside) == ["secret.txt"]
-    assert sorted(os.listdir(root / "mcptools")) == ["demo"]
+    assert sorted(os.listdir(root / "mcptools")) == ["_search_index.json", "demo"]
 
 
 @pytest.mark.timeout(180)

@@ -28,6 +28,7 @@ KERNEL_SIDE = [
     SRC / "tool_exec" / "__init__.py",
     SRC / "tool_exec" / "client" / "__init__.py",
     SRC / "tool_exec" / "content" / "__init__.py",
+    SRC / "tool_exec" / "search" / "__init__.py",
 ]
 # The IPython extension runs in the kernel's own IPython, which every kernel has.
 ALLOWED_EXTRA = {SRC / "kernel" / "_ext.py": frozenset({"IPython"})}
@@ -98,12 +99,13 @@ except ImportError:
 else:
     raise SystemExit("the hook let a third-party package through")
 import ipybox.kernel, ipybox.kernel._tool_client, ipybox.kernel._content, ipybox.kernel._ext
-import ipybox.kernel._exec_wall, ipybox.tool_exec.client, ipybox.tool_exec.content
+import ipybox.kernel._exec_wall, ipybox.tool_exec.client, ipybox.tool_exec.content, ipybox.tool_exec.search
 print(json.dumps(sorted(m for m in sys.modules if m.startswith("ipybox"))))
 """
     child = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
     assert child.returncode == 0, child.stderr
     loaded = json.loads(child.stdout)
     assert "ipybox.kernel._tool_client" in loaded
+    assert "ipybox.kernel._search" in loaded
     assert "ipybox._wire" in loaded
     assert [name for name in loaded if not name.startswith(ALLOWED_IPYBOX) and name != "ipybox"] == []

@@ -105,6 +105,7 @@ def test_the_skill_and_every_reference_it_links_exist() -> None:
 def test_the_skill_teaches_every_step_of_the_codeact_workflow() -> None:
     text = "\n".join(p.read_text() for p in sorted(SKILL.rglob("*.md")))
     for needle in [
+        "search_tools",  # search the generated tools before reading any
         "mcptools/",  # find tools by listing the generated packages
         "__init__.py",  # a server's package docstring lists its tools
         "Params",  # read only the interface

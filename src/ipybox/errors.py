@@ -22,10 +22,11 @@ in ``ipybox``)::
     │   ├── ApprovalClientDisconnected  the client left before deciding
     │   ├── ApprovalConnectionError     an ApprovalClient cannot reach or lost the tool server
     │   └── ApprovalDecisionError       a decision was not taken (already decided, or expired)
-    └── ApiGenerationError        a typed API could not be generated for an MCP server
+    ├── ApiGenerationError        a typed API could not be generated for an MCP server
+    └── ToolSearchError           a tool search got bad input or found no usable index
 
 ``GatewayError`` and ``KernelConnectionError`` are also ``RuntimeError`` and
-``ServerParamsError`` is also ``ValueError``, the approval errors are ``RuntimeError``
+``ServerParamsError`` and ``ToolSearchError`` are also ``ValueError``, the approval errors are ``RuntimeError``
 (``ApprovalConnectionError`` is ``ConnectionError``), as the API reference documents.
 """
 
@@ -52,6 +53,7 @@ __all__ = [
     "ShellEscapeRequiredError",
     "ToolCallOutcome",
     "ToolRunnerError",
+    "ToolSearchError",
 ]
 
 
@@ -164,3 +166,8 @@ class ApiGenerationError(IpyboxError):
 
 class ShellEscapeRequiredError(IpyboxError, RuntimeError):
     """Kernel code started a process directly where the executor requires IPython's ``!`` escape."""
+
+
+class ToolSearchError(IpyboxError, ValueError):
+    """A tool search was given an empty or too long query or a limit out of range, or the folder
+    searched has no index of generated tools (or a damaged one); the message says what to do."""

@@ -38,7 +38,7 @@ async def generate_and_import(root: Path, params: dict[str, Any]) -> tuple[str, 
     """Generate a package for the server, check every file, import every module."""
     package = unique_package("srv")
     modules = await generate_mcp_sources(package, params, root)
-    for path in (root / package).iterdir():
+    for path in (root / package).glob("*.py"):
         check_source(path.read_text("utf-8"))
     imported = {name: __import__(f"{package}.{name}", fromlist=["run"]) for name in modules}
     return package, imported

@@ -450,9 +450,10 @@ async def test_generate_writes_a_package_returns_module_names_and_registers_the_
 
     assert modules == ["class_", "get_weather"]
     files = listing(root / "weather")
-    assert files == ["__init__.py", "class_.py", "get_weather.py"]
-    assert listing(root) == ["weather"]  # no staging directory left behind
+    assert files == ["__init__.py", "_search.json", "class_.py", "get_weather.py"]
+    assert listing(root) == ["_search_index.json", "weather"]  # no staging directory left behind
     text = "\n".join((root / "weather" / name).read_text("utf-8") for name in files)
+    text += (root / "_search_index.json").read_text("utf-8")
     for secret in ["s3cr3t-value", "IPYBOX_TEST_SECRET", str(TOOLS_SERVER), "API_KEY"]:
         assert secret not in text
     assert "get_weather (tool 'get-weather'): Weather now." in text
@@ -463,7 +464,7 @@ async def test_generate_writes_a_package_returns_module_names_and_registers_the_
 async def test_a_server_without_tools_gives_an_empty_package(tmp_path: Path) -> None:
     modules = await generate_mcp_sources("empty", tools_server_params(tmp_path, []), tmp_path)
     assert modules == []
-    assert listing(tmp_path / "empty") == ["__init__.py"]
+    assert listing(tmp_path / "empty") == ["__init__.py", "_search.json"]
     check_source((tmp_path / "empty" / "__init__.py").read_text("utf-8"))
 
 

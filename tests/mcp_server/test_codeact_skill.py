@@ -1,7 +1,7 @@
 """A scripted walk through the codeact skill's own steps against the real ipybox MCP server.
 
-An agent following plugins/codeact/skills/codeact/ would: register a server, find its tools by
-listing folders and reading the package docstring, read one tool's interface, run one code
+An agent following plugins/codeact/skills/codeact/ would: register a server, find its tools with
+``search_tools`` (then by listing folders and reading the package docstring), read one tool's interface, run one code
 action that chains two tools, give a text-only tool an output parser, save the code action as
 a gentool and use that in a fresh kernel. The code it runs is taken from the skill's files
 wherever they show it, so the skill's examples are tested as written.
@@ -52,7 +52,10 @@ async def test_an_agent_following_the_codeact_skill_reaches_every_step(tmp_path:
         )
         assert not registered.is_error, text_of(registered)
 
-        # Step 1: list gentools/ and mcptools/ (names only), then the server's package docstring.
+        # Step 1: search before reading; then gentools/ (names only), and a package's docstring.
+        found = await client.call_tool("search_tools", {"query": "find books about a subject", "limit": 3})
+        assert not found.is_error, text_of(found)
+        assert "    from mcptools.library import search_books" in text_of(found).splitlines()
         assert not (workspace / "gentools").exists()
         assert _folders(workspace / "mcptools") == ["library"]
         overview = (workspace / "mcptools" / "library" / "__init__.py").read_text()

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
-from ipybox.app import _codegen, _confined
+from ipybox.app import _codegen, _confined, _search_index
 from ipybox.errors import ApiGenerationError, ServerParamsError
 
 if TYPE_CHECKING:
@@ -106,17 +106,29 @@ def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> l
     sources = render_sources(server_name, tools)
     root_dir = Path(os.path.normpath(root_dir.absolute()))
     target = root_dir / server_name
+    root = (root_dir.name,) if root_dir.name else ()
+    # The tool search: this package's entries, then the index of every package in root_dir.
+    generated = [
+        (tool, module)
+        for tool, module in zip(tools, _codegen.module_names([t.name for t in tools]), strict=True)
+        if module in sources
+    ]
+    search_entries = _search_index.catalogue(
+        root_dir.name, server_name, [tool for tool, _ in generated], [module for _, module in generated]
+    )
 
     def fill(package: int) -> None:
         for module, code in sources.items():
             _confined.write_new(package, f"{module}.py", code)
+        _confined.write_new(package, _search_index.CATALOGUE_FILE, search_entries)
 
     try:
         # root_dir's parent is taken as the application names it; root_dir and everything in it
         # are walked without following links, which kernel code may have put there.
         root_dir.parent.mkdir(parents=True, exist_ok=True)
         with _confined.Confined(root_dir.parent, label=repr(str(root_dir.parent))) as base:
-            base.replace_folder((*([root_dir.name] if root_dir.name else []), server_name), fill)
+            base.replace_folder((*root, server_name), fill)
+            _search_index.update_index(base, root)
     except (OSError, _confined.ConfinedPathError) as exc:
         raise ApiGenerationError(
             f"Could not write the package for MCP server {server_name!r} to {target}: {exc}"

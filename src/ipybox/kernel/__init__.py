@@ -2,10 +2,12 @@
 
 STANDARD LIBRARY ONLY (a test enforces it): every fresh kernel imports these modules, and
 nothing here may hold a secret or trust what the kernel's code can change. Every module is
-private; the public paths are ``ipybox.tool_exec.client`` and ``ipybox.tool_exec.content``.
+private; the public paths are ``ipybox.tool_exec.client``, ``ipybox.tool_exec.content`` and
+``ipybox.tool_exec.search``.
 
 - ``_tool_client``: what generated tool modules call; sends tool calls to the tool server.
 - ``_content``: the typed content of a tool result.
 - ``_ext``: the IPython extension every kernel loads (``!cmd``, approval, import paths).
+- ``_search``: tool search over the generated ``mcptools/`` (the query side).
 - ``_exec_wall``: the seccomp filter that stops a walled kernel from starting programs.
 """

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import functools
 import mimetypes
 import time
@@ -25,8 +26,10 @@ from ipybox.errors import (
     IpyboxError,
     MCPServerError,
     ServerParamsError,
+    ToolSearchError,
 )
-from ipybox.mcp_server import _files, _output
+from ipybox.kernel._search import MAX_LIMIT, MAX_QUERY_CHARS
+from ipybox.mcp_server import _files, _output, _search
 from ipybox.mcp_server._declare import Declared, declare
 from ipybox.mcp_server._install import Installer, InstallError
 
@@ -98,7 +101,8 @@ class ToolSession:
             "Run Python code in a stateful IPython kernel and return its output: printed text, the value of "
             "the last expression, errors with their traceback, and plots as images.\n\n"
             "Variables, imports and definitions persist between calls until `reset`. Top-level `await` works. "
-            "The working directory is the workspace. Call the tools of registered MCP servers from code: "
+            "The working directory is the workspace. Find the tools of registered MCP servers with `search_tools`; "
+            "call them from code: "
             "`from mcptools.<server_name>.<tool_module> import Params, run` and `run(Params(...))`; "
             "these calls run without asking. Shell commands work with `!cmd`.\n\n"
             "Output longer than `max_output_chars` keeps its beginning and end; the full text is saved to a "
@@ -265,6 +269,42 @@ class ToolSession:
         )
         return types.CallToolResult(
             content=[_text(text)], structured_content={"server_name": server_name, "tools": names}
+        )
+
+    @_tool(
+        title="Search the tools of registered MCP servers",
+        description=(
+            "Find the tools of the registered MCP servers that fit a need, best first. Each match names the "
+            "server and tool and gives the line that imports its module and how it is called "
+            "(`module.run(module.Params(...))`). Search first, then read only the modules you will use. "
+            "Kernel code can search too: `from ipybox.tool_exec.search import search_tools`."
+        ),
+        read_only=True,
+        idempotent=True,
+        open_world=False,
+    )
+    async def search_tools(
+        self,
+        query: Annotated[
+            str,
+            Field(
+                description=f"What the tool should do, in words (at most {MAX_QUERY_CHARS} characters), "
+                "e.g. 'create an issue in a repository'."
+            ),
+        ],
+        limit: Annotated[int, Field(description=f"How many matches at most, from 1 to {MAX_LIMIT}.")] = 5,
+    ) -> types.CallToolResult:
+        """The best tools in `mcptools/` for `query`, each with its import line and signature."""
+        try:
+            matches = await anyio.to_thread.run_sync(
+                _search.search, self.workspace, MCPTOOLS_DIR, query, limit
+            )
+        except ToolSearchError as exc:
+            return _error(str(exc))
+        text = "\n".join(f"{rank}. {match}" for rank, match in enumerate(matches, 1))
+        return types.CallToolResult(
+            content=[_text(text or f"No tool matches {query!r}; try other words.")],
+            structured_content={"matches": [dataclasses.asdict(match) for match in matches]},
         )
 
     @_tool(

@@ -4,6 +4,7 @@
 - ``ipybox.tool_exec.client.ToolRunner`` / ``run_tool``: what code in a kernel calls
   (``ipybox.kernel``: standard library only, so it imports cheaply).
 - ``ipybox.tool_exec.content``: the typed content of a tool result (``ipybox.kernel``).
+- ``ipybox.tool_exec.search.search_tools``: finds generated tools that fit a need (``ipybox.kernel``).
 - ``ipybox.tool_exec.approval``: the approval channel and client (``ipybox.app``).
 
 Nothing is imported here, so that importing the kernel-side client stays cheap.

@@ -1,0 +1,61 @@
+"""The ``search_tools`` tool: the tool search over the workspace's ``mcptools/``, read confined.
+
+The index lies where kernel code can write, so it is read as untrusted data: through the
+confined file module (no link followed, size capped), parsed as JSON and ranked by the same
+stdlib query code as in the kernel, which refuses an index of the wrong shape. What it holds
+goes back to the agent only, as the agent's own code could have printed it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ipybox.app._confined import Confined, ConfinedPathError
+from ipybox.errors import ToolSearchError
+from ipybox.kernel._search import INDEX_FILE, ToolMatch, check_query, rank
+
+_MAX_INDEX_BYTES = 64 * 1024 * 1024
+# The last index parsed, by its content's digest: reading and hashing it costs well under a
+# millisecond, parsing it ~10 ms for 300 tools.
+_parsed: dict[bytes, dict[str, Any]] = {}
+
+
+def search(workspace: Path, root: str, query: str, limit: int) -> list[ToolMatch]:
+    """The `limit` best tools in ``workspace/root/`` for `query`.
+
+    Raises:
+        ToolSearchError: The query or limit is invalid, or there is no usable index (no server
+            was registered yet, or kernel code damaged it).
+    """
+    query, limit = check_query(query, limit)
+    try:
+        with Confined(workspace) as folder:
+            data = folder.read_bytes(f"{root}/{INDEX_FILE}", _MAX_INDEX_BYTES)
+            present = set(folder.listdir(root))
+    except ConfinedPathError as exc:
+        if str(exc).startswith("There is no "):  # no such file or folder: nothing registered yet
+            raise ToolSearchError(
+                f"No MCP server is registered in this workspace yet ({root}/ has no search index): register "
+                "one with register_mcp_server, then search its tools."
+            ) from None
+        raise ToolSearchError(
+            f"The tool search index in {root}/ cannot be read: {exc} Register an MCP server again to rebuild it."
+        ) from None
+    digest = hashlib.blake2b(data, digest_size=16).digest()
+    index = _parsed.get(digest)
+    if index is None:
+        try:
+            index = json.loads(data)
+        except ValueError:
+            index = None
+        if isinstance(index, dict):
+            _parsed.clear()
+            _parsed[digest] = index
+    if not isinstance(index, dict):
+        raise ToolSearchError(
+            f"The tool search index in {root}/ is damaged: register an MCP server again to rebuild it."
+        )
+    return rank(index, query, limit, present=present)
