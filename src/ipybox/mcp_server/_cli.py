@@ -125,7 +125,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with streamable-http: all sessions work in the workspace itself, not each in a folder of "
         "its own; every session's kernel can then change what the others import and read (one trust domain)",
     )
+    parser.add_argument(
+        "--approve-tool-calls",
+        action="store_true",
+        help="put every MCP tool call and shell command a cell makes to the person at the MCP client "
+        "(elicitation: accept or decline) instead of running it unasked; the client must support elicitation",
+    )
+    parser.add_argument(
+        "--approval-timeout",
+        type=float,
+        default=60,
+        metavar="SECONDS",
+        help="with --approve-tool-calls: how long each question waits for its answer; an answer that comes "
+        "later is refused and the call does not run (default: 60)",
+    )
     args = parser.parse_args(argv)
+    if not (args.approval_timeout > 0 and math.isfinite(args.approval_timeout)):
+        parser.error(f"--approval-timeout {args.approval_timeout:g}: give a positive number of seconds.")
     if args.sandbox_config is not None:
         args.sandbox = True
         if not args.sandbox_config.is_file():
@@ -171,6 +187,8 @@ def main(argv: list[str] | None = None) -> None:
         sandbox=args.sandbox,
         sandbox_config=args.sandbox_config,
         log_level=args.log_level,
+        approve_tool_calls=args.approve_tool_calls,
+        approval_timeout=args.approval_timeout,
     )
     try:
         if args.transport == "stdio":
