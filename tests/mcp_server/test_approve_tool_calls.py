@@ -216,3 +216,24 @@ async def test_over_streamable_http_the_person_decides(tmp_path: Path) -> None:
             assert refused.is_error and "does not support elicitation" in text_of(refused)
     finally:
         stop_server(server.process)
+
+
+async def test_under_2026_07_28_an_answer_after_the_approval_timeout_is_refused(workspace: Path) -> None:
+    params = stdio_params(workspace, "--approve-tool-calls", "--approval-timeout", SHORT_TIMEOUT)
+    marker = workspace / "late-retry"
+    async with connected(params, mode="2026-07-28", elicitation_callback=Person()) as client:
+        arguments = {"code": f"!touch {marker.name}"}
+        first = await client.session.call_tool("execute_ipython_cell", arguments, allow_input_required=True)
+        assert isinstance(first, types.InputRequiredResult) and first.input_requests
+        # The next cell waits for the first one, which ends when its question expires.
+        assert not (await client.session.call_tool("execute_ipython_cell", {"code": "1"})).is_error
+        accept: dict[str, Any] = {key: types.ElicitResult(action="accept") for key in first.input_requests}
+        retry = types.CallToolRequestParams(
+            name="execute_ipython_cell",
+            arguments=arguments,
+            input_responses=accept,
+            request_state=first.request_state,
+        )
+        late = await client.session.send_request(types.CallToolRequest(params=retry), types.CallToolResult)
+        assert late.is_error and "expired" in text_of(late), text_of(late)
+    assert not marker.exists()
