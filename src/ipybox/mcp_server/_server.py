@@ -58,6 +58,7 @@ class Settings:
         approve_tool_calls: Put every tool call and shell command of a cell to the person at the
             MCP client (elicitation), instead of running them unasked.
         approval_timeout: Seconds each such question waits for its answer.
+        tracing: Make OpenTelemetry spans (to the global tracer provider).
     """
 
     workspace: Path
@@ -69,6 +70,7 @@ class Settings:
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
     approve_tool_calls: bool = False
     approval_timeout: float = 60
+    tracing: bool = False
 
     def kernel_env(self, folder: Path | None = None) -> dict[str, str]:
         """The environment of a kernel working in `folder` (default: the workspace): ``HOME``,
@@ -115,6 +117,7 @@ class Settings:
             approve_tool_calls=self.approve_tool_calls,
             approve_shell_cmds=self.approve_tool_calls,
             approval_timeout=self.approval_timeout,
+            tracing=self.tracing,
             working_dir=folder,
             sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folder != self.workspace else (),
         )
