@@ -26,8 +26,6 @@ from ipybox.app._registry import ServerRegistry
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import TracerProvider
-
     from ipybox.app._tracing import Tracing
 
 from ipybox.errors import (
@@ -145,8 +143,8 @@ class CodeExecutor:
             whatever `sandbox_config` says, except `working_dir` when it lies inside one (the MCP
             server hides its sessions' folders from each other this way).
         tracing: OpenTelemetry spans for each cell, tool call (with its approval wait as a child)
-            and MCP server start: ``True`` sends them to OpenTelemetry's global tracer provider, a
-            `TracerProvider` to that one (``pip install 'ipybox[otel]'`` for the SDK and exporter);
+            and MCP server start: ``True`` sends them to OpenTelemetry's global tracer provider, an
+            OpenTelemetry ``TracerProvider`` to that one (``pip install 'ipybox[otel]'`` for the SDK and exporter);
             ``False`` (the default) makes none and imports nothing of OpenTelemetry for it.
     """
 
@@ -173,7 +171,7 @@ class CodeExecutor:
         spare_kernel: bool = True,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
         sandbox_hidden: tuple[Path, ...] = (),
-        tracing: bool | TracerProvider = False,
+        tracing: Any = False,
     ) -> None:
         if sandbox_config is not None and not sandbox:
             raise ValueError(
