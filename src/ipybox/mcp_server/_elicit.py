@@ -94,6 +94,7 @@ class Cell:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: CodeExecutionResult | None = None
     failure: str | None = None
+    error: Exception | None = None
     task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -113,11 +114,14 @@ class Cell:
             self.failure = exc.traceback or str(exc)
         except TimeoutError as exc:
             self.failure = f"[Timed out: {exc}]"
+        except Exception as exc:  # the executor's own failure: raised to the request that reads it
+            self.error = exc
         finally:
             self.done.set()
 
     async def next_requests(self) -> list[ApprovalRequest]:
         """Wait until the cell ends (then ``[]``) or asks for approval (the requests waiting)."""
+        waiting: list[ApprovalRequest] = []
         if self.approvals.empty() and not self.done.is_set():
             getter = asyncio.ensure_future(self.approvals.get())
             ended = asyncio.ensure_future(self.done.wait())
@@ -127,9 +131,8 @@ class Cell:
                 for waiter in (getter, ended):
                     waiter.cancel()
                 await asyncio.gather(getter, ended, return_exceptions=True)
-            if getter.done() and not getter.cancelled():
-                self.approvals.put_nowait(getter.result())
-        waiting: list[ApprovalRequest] = []
+            if not getter.cancelled():
+                waiting.append(getter.result())
         while not self.approvals.empty():
             waiting.append(self.approvals.get_nowait())
         return waiting

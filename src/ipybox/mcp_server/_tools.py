@@ -211,6 +211,8 @@ class ToolSession:
                     tasks.cancel_scope.cancel()
         if asked is not None:
             return asked
+        if cell.error is not None:
+            raise cell.error
         return await self._cell_answer(cell.output, cell.result, cell.failure, max_output_chars)
 
     async def _cell_result(self, result: CodeExecutionResult, max_output_chars: int) -> types.CallToolResult:
