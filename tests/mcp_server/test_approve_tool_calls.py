@@ -21,6 +21,7 @@ from mcp.client import Client
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
 from tests.mcp_server.test_http import start_server, stop_server
+from tests.sandbox_support import require_sandbox
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -140,6 +141,7 @@ async def test_a_client_without_elicitation_gets_a_clear_error_not_a_hang(worksp
             assert "--approve-tool-calls" in text_of(result)
 
 
+@pytest.mark.slow
 async def test_an_answer_after_the_approval_timeout_is_refused_and_the_call_does_not_run(
     workspace: Path,
 ) -> None:
@@ -186,6 +188,7 @@ async def test_an_answer_replayed_under_2026_07_28_is_refused(workspace: Path) -
     assert not marker.exists()
 
 
+@pytest.mark.slow
 async def test_over_streamable_http_the_person_decides(tmp_path: Path) -> None:
     env = {**server_env(), "IPYBOX_MCP_TOKEN": TOKEN, "IPYBOX_STATE_DIR": str(tmp_path / "state")}
     (tmp_path / "workspace").mkdir()
@@ -218,6 +221,7 @@ async def test_over_streamable_http_the_person_decides(tmp_path: Path) -> None:
         stop_server(server.process)
 
 
+@pytest.mark.slow
 async def test_under_2026_07_28_an_answer_after_the_approval_timeout_is_refused(workspace: Path) -> None:
     params = stdio_params(workspace, "--approve-tool-calls", "--approval-timeout", SHORT_TIMEOUT)
     marker = workspace / "late-retry"
@@ -237,3 +241,29 @@ async def test_under_2026_07_28_an_answer_after_the_approval_timeout_is_refused(
         late = await client.session.send_request(types.CallToolRequest(params=retry), types.CallToolResult)
         assert late.is_error and "expired" in text_of(late), text_of(late)
     assert not marker.exists()
+
+
+@pytest.mark.slow
+async def test_sandboxed_the_person_decides_on_shell_commands_that_the_kernel_cannot_run_itself(
+    tmp_path: Path,
+) -> None:
+    require_sandbox()
+    person = Person()
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    env = server_env(IPYBOX_STATE_DIR=str(tmp_path / "state"))
+    params = stdio_params(
+        workspace, "--sandbox", "--approve-tool-calls", "--approval-timeout", APPROVAL_TIMEOUT, env=env
+    )
+    async with connected(params, elicitation_callback=person, mode="legacy") as client:
+        accepted = await run(client, "!touch accepted")
+        assert not accepted.is_error, text_of(accepted)
+        person.answer = "decline"
+        declined = await run(client, "!touch declined")
+        assert "rejected" in text_of(declined), text_of(declined)
+        # The kernel cannot start the program itself, around the question.
+        bypass = await run(client, "import subprocess\nsubprocess.run(['touch', 'bypassed'])")
+        assert bypass.is_error, text_of(bypass)
+    assert (workspace / "accepted").exists()
+    assert not (workspace / "declined").exists() and not (workspace / "bypassed").exists()
+    assert len(person.asked) == 2
