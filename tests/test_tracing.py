@@ -140,6 +140,7 @@ async def test_a_call_from_a_thread_a_cell_left_behind_goes_under_the_cell_runni
     assert _parent(call) == second.context.span_id != first.context.span_id
 
 
+@pytest.mark.slow
 async def test_with_tracing_off_nothing_of_opentelemetry_is_imported_for_it() -> None:
     code = (
         "import asyncio, sys\n"
