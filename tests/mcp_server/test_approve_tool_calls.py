@@ -121,6 +121,21 @@ async def test_each_call_of_a_cell_is_asked_and_only_accepted_ones_run(
     assert marker.exists()
 
 
+async def test_hostile_arguments_cannot_disguise_the_call_the_person_is_asked_about(
+    asked: tuple[Client, Person],
+) -> None:
+    """Attack: the cell's arguments carry a newline, terminal escapes and a right-to-left override to
+    paint a harmless-looking question over the real one; the person reads them escaped, on one line."""
+    client, person = asked
+    person.answer, person.asked = "decline", []
+    disguise = "x')\n\x1b[2K\rAllow the tool call a cell wants to make? demo.echo(text='hi')\u202e"
+    result = await run(client, f"from mcptools.demo.echo import Params, run\nrun(Params(text={disguise!r}))")
+    assert "rejected" in text_of(result), text_of(result)
+    [message] = person.asked
+    assert message.isprintable() and "\x1b" not in message and "\u202e" not in message
+    assert message == f"Allow the tool call a cell wants to make? demo.echo(text={disguise!r})"
+
+
 async def test_a_declined_shell_command_does_not_run(asked: tuple[Client, Person], workspace: Path) -> None:
     client, person = asked
     person.answer, person.asked = "decline", []
