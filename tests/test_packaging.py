@@ -125,6 +125,11 @@ def test_the_wheel_carries_the_metadata_users_look_for(built: Built) -> None:
     urls = dict(url.split(", ", 1) for url in metadata.get_all("Project-URL") or [])
     assert {"Homepage", "Documentation", "Repository", "Issues"} <= urls.keys()
     assert str(metadata.get_payload()).startswith("# ipybox"), "the README is the long description"
+    # Traces are opt-in: their SDK and exporter come only with the extra.
+    assert "otel" in (metadata.get_all("Provides-Extra") or [])
+    assert not any(
+        "opentelemetry-sdk" in r and "extra" not in r for r in metadata.get_all("Requires-Dist") or []
+    )
 
 
 @pytest.mark.timeout(600)

@@ -256,3 +256,24 @@ async def test_a_session_whose_executor_failed_reports_it_and_is_forgotten_when_
     with pytest.raises(asyncio.CancelledError):
         await owner
     assert len(table) == 0
+
+
+def test_approve_tool_calls_and_otel_reach_the_executor_and_bad_timeouts_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ipybox.mcp_server._cli import parse_args
+
+    args = parse_args(
+        ["--workspace", str(tmp_path), "--approve-tool-calls", "--approval-timeout", "5", "--otel"]
+    )
+    assert args.approve_tool_calls and args.approval_timeout == 5 and args.otel
+    settings = Settings(
+        workspace=tmp_path, approve_tool_calls=True, approval_timeout=5, environ={"HOME": "/h"}
+    )
+    executor = settings.executor()
+    assert executor.approve_tool_calls and executor.approve_shell_cmds and executor.approval_timeout == 5
+    assert not parse_args(["--workspace", str(tmp_path)]).approve_tool_calls
+    for bad in ("0", "-1", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            parse_args(["--workspace", str(tmp_path), "--approval-timeout", bad])
+        assert "--approval-timeout" in capsys.readouterr().err

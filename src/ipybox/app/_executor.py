@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import TYPE_CHECKING, Any, Self
 
 import anyio
 import httpx2
@@ -24,6 +24,10 @@ from ipybox.app._gateway import KernelGateway
 from ipybox.app._kernel_client import ExecutionResult, KernelClient
 from ipybox.app._registry import ServerRegistry
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
+
+if TYPE_CHECKING:
+    from ipybox.app._tracing import Tracing
+
 from ipybox.errors import (
     ApprovalError,
     CodeExecutionError,
@@ -138,6 +142,10 @@ class CodeExecutor:
         sandbox_hidden: With ``sandbox=True``: folders the kernel can neither read nor write,
             whatever `sandbox_config` says, except `working_dir` when it lies inside one (the MCP
             server hides its sessions' folders from each other this way).
+        tracing: OpenTelemetry spans for each cell, tool call (with its approval wait as a child)
+            and MCP server start: ``True`` sends them to OpenTelemetry's global tracer provider, an
+            OpenTelemetry ``TracerProvider`` to that one (``pip install 'ipybox[otel]'`` for the SDK and exporter);
+            ``False`` (the default) makes none and imports nothing of OpenTelemetry for it.
     """
 
     def __init__(
@@ -163,6 +171,7 @@ class CodeExecutor:
         spare_kernel: bool = True,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
         sandbox_hidden: tuple[Path, ...] = (),
+        tracing: Any = False,
     ) -> None:
         if sandbox_config is not None and not sandbox:
             raise ValueError(
@@ -191,6 +200,11 @@ class CodeExecutor:
         self.spare_kernel = spare_kernel
         self.max_result_size = max_result_size
         self.sandbox_hidden = sandbox_hidden
+        self._tracing: Tracing | None = None
+        if tracing is not False:
+            from ipybox.app._tracing import Tracing
+
+            self._tracing = Tracing(None if tracing is True else tracing)
         self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
@@ -251,6 +265,7 @@ class CodeExecutor:
                 max_result_size=self.max_result_size,
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
             )
+            tool_server.tracing = self._tracing
             await stack.enter_async_context(tool_server)
             address = ToolServerEnv(
                 host=self.tool_server_host,
@@ -408,6 +423,7 @@ class CodeExecutor:
         """
         kernel, _ = self._require_started()
         async with self._lock:
+            cell_span = self._tracing.start_cell(code) if self._tracing is not None else None
             items: asyncio.Queue[_Item | None] = asyncio.Queue()  # None ends the stream
             self._requests = items
             runner = asyncio.create_task(
@@ -443,6 +459,8 @@ class CodeExecutor:
                         await asyncio.wait({runner})
                         with contextlib.suppress(KernelConnectionError):
                             await kernel.interrupt()
+                    if cell_span is not None:
+                        self._end_cell(cell_span, sys.exc_info()[1])
 
     async def _run(
         self,
@@ -514,6 +532,10 @@ class CodeExecutor:
             "The kernel gateway died while running the code; ipybox started a new gateway and "
             f"kernel, and {lost}."
         )
+
+    def _end_cell(self, span: Any, error: BaseException | None) -> None:
+        assert self._tracing is not None
+        self._tracing.end_cell(span, error)
 
     async def _on_approval_request(self, request: ApprovalRequest) -> None:
         if self._requests is None:

@@ -31,8 +31,9 @@ import contextlib
 import json
 import logging
 import weakref
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from mcp.types import (
     AudioContent,
@@ -64,6 +65,9 @@ from ipybox.app._params import StdioParams, confine, resolve_params
 from ipybox.app._registry import ServerRegistry
 from ipybox.app._shell import ShellResult, ShellRunner
 from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
+
+if TYPE_CHECKING:
+    from ipybox.app._tracing import Tracing
 
 __all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
 
@@ -378,6 +382,8 @@ class ToolServer:
         self.shell_runner = shell_runner
         self._fallback_registry: ServerRegistry | None = None
         self.approve_tool_calls = approve_tool_calls
+        # Spans of calls, approval waits and server starts (the executor's, when tracing is on).
+        self.tracing: Tracing | None = None
         self._token = BearerToken(token) if token is not None else None
         self._approval_secret = BearerToken(approval_secret) if approval_secret is not None else None
         self._channel = ApprovalChannel(
@@ -656,6 +662,10 @@ class ToolServer:
         except ValidationError as exc:
             return _error(400, "failed", f"The tool call request is malformed: {_summarise(exc)}")
         del raw  # the parsed request is all that is kept of it
+        if self.tracing is not None:
+            return await self.tracing.tool_call(
+                body.server_name, body.tool_name, self._handle_run(body, charge)
+            )
         return await self._handle_run(body, charge)
 
     async def _read_body(
@@ -853,7 +863,12 @@ class ToolServer:
 
     async def _approve(self, body: _RunRequest, call: str) -> None:
         try:
-            accepted = await self._channel.request(body.server_name, body.tool_name, body.tool_args)
+            decision: Awaitable[bool] = self._channel.request(
+                body.server_name, body.tool_name, body.tool_args
+            )
+            if self.tracing is not None:
+                decision = self.tracing.approval(body.server_name, body.tool_name, decision)
+            accepted = await decision
         except NoApprovalClientError:
             raise _ToolCallError(
                 503,
@@ -901,7 +916,11 @@ class ToolServer:
             session = MCPSession(
                 server_name, resolved, self.connect_timeout, self.max_result_size + _ENVELOPE_ALLOWANCE
             )
-            await session.start()
+            await (
+                session.start()
+                if self.tracing is None
+                else self.tracing.server_start(server_name, session.start())
+            )
             self._sessions[server_name] = (session, params)
             return session
 

@@ -125,7 +125,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with streamable-http: all sessions work in the workspace itself, not each in a folder of "
         "its own; every session's kernel can then change what the others import and read (one trust domain)",
     )
+    parser.add_argument(
+        "--approve-tool-calls",
+        action="store_true",
+        help="put every MCP tool call and shell command a cell makes to the person at the MCP client "
+        "(elicitation: accept or decline) instead of running it unasked; the client must support elicitation",
+    )
+    parser.add_argument(
+        "--approval-timeout",
+        type=float,
+        default=60,
+        metavar="SECONDS",
+        help="with --approve-tool-calls: how long each question waits for its answer; an answer that comes "
+        "later is refused and the call does not run (default: 60)",
+    )
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="send OpenTelemetry traces (a span per cell, tool call, approval wait and MCP server start) over "
+        "OTLP/HTTP to $OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318); needs ipybox[otel]",
+    )
     args = parser.parse_args(argv)
+    if not (args.approval_timeout > 0 and math.isfinite(args.approval_timeout)):
+        parser.error(f"--approval-timeout {args.approval_timeout:g}: give a positive number of seconds.")
     if args.sandbox_config is not None:
         args.sandbox = True
         if not args.sandbox_config.is_file():
@@ -171,7 +193,11 @@ def main(argv: list[str] | None = None) -> None:
         sandbox=args.sandbox,
         sandbox_config=args.sandbox_config,
         log_level=args.log_level,
+        approve_tool_calls=args.approve_tool_calls,
+        approval_timeout=args.approval_timeout,
+        tracing=args.otel,
     )
+    provider = _start_tracing() if args.otel else None
     try:
         if args.transport == "stdio":
             _run(_serve_stdio(settings))
@@ -195,6 +221,23 @@ def main(argv: list[str] | None = None) -> None:
     except IpyboxError as exc:
         print(f"ipybox: could not start: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
+    finally:
+        if provider is not None:
+            provider.shutdown()  # sends the spans still buffered
+
+
+def _start_tracing() -> Any:
+    try:
+        from ipybox.app._tracing import configure_otlp
+
+        return configure_otlp()
+    except ImportError as exc:
+        print(
+            f"ipybox: --otel needs the OpenTelemetry SDK and OTLP exporter ({exc}); install them with "
+            "`pip install 'ipybox[otel]'` (or `uv tool install 'ipybox[otel]'`), or drop --otel.",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
 
 
 async def _serve_stdio(settings: Settings) -> None:

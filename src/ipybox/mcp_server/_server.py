@@ -22,6 +22,7 @@ from ipybox.app._confined import Confined, ConfinedPathError
 from ipybox.app._executor import CodeExecutor
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
+from ipybox.mcp_server._elicit import ClientApproval
 from ipybox.mcp_server._install import Installer, packages_dir
 from ipybox.mcp_server._tools import TOOLS, Progress, ToolSession
 
@@ -54,6 +55,10 @@ class Settings:
             ``workspace/sessions`` (`new_session_folder`) to work in, hidden from the other
             sessions' sandboxed kernels (HTTP); else every session works in `workspace` itself.
         environ: The server's environment, where ``HOME`` and ``KERNEL_ENV_*`` are read.
+        approve_tool_calls: Put every tool call and shell command of a cell to the person at the
+            MCP client (elicitation), instead of running them unasked.
+        approval_timeout: Seconds each such question waits for its answer.
+        tracing: Make OpenTelemetry spans (to the global tracer provider).
     """
 
     workspace: Path
@@ -63,6 +68,9 @@ class Settings:
     spare_kernel: bool = True
     session_folders: bool = False
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    approve_tool_calls: bool = False
+    approval_timeout: float = 60
+    tracing: bool = False
 
     def kernel_env(self, folder: Path | None = None) -> dict[str, str]:
         """The environment of a kernel working in `folder` (default: the workspace): ``HOME``,
@@ -106,7 +114,10 @@ class Settings:
             sandbox=self.sandbox,
             sandbox_config=self.sandbox_config,
             log_level=self.log_level,
-            approve_tool_calls=False,
+            approve_tool_calls=self.approve_tool_calls,
+            approve_shell_cmds=self.approve_tool_calls,
+            approval_timeout=self.approval_timeout,
+            tracing=self.tracing,
             working_dir=folder,
             sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folder != self.workspace else (),
         )
@@ -131,7 +142,8 @@ class Settings:
                 with contextlib.suppress(OSError):
                     folder.rmdir()  # only if the kernel left nothing in it
             raise
-        return ToolSession(executor, folder, self.installer(folder), self.transfer_rules(folder))
+        approval = ClientApproval() if self.approve_tool_calls else None
+        return ToolSession(executor, folder, self.installer(folder), self.transfer_rules(folder), approval)
 
     def transfer_rules(self, folder: Path | None = None) -> _files.Rules:
         """What the custom sandbox settings deny in `folder` (default: the workspace), refused by the
@@ -200,9 +212,9 @@ def build_server(sessions: SessionSource, *, handshake_only: bool = False) -> Se
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         session = await sessions.get(ctx)
-        return await session.call(params.name, params.arguments or {}, _progress_reporter(ctx))
+        return await session.call(params.name, params.arguments or {}, _progress_reporter(ctx), ctx, params)
 
     async def discover(ctx: ServerRequestContext[Any], params: types.RequestParams) -> types.DiscoverResult:
         # Each MCP session has its own kernel, and only the handshake era has sessions: answering

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import anyio
 import mcp_types as types
+from mcp.server import ServerRequestContext
 from pydantic import Field
 
 from ipybox.app._approval_client import ApprovalRequest
@@ -29,7 +30,7 @@ from ipybox.errors import (
     ToolSearchError,
 )
 from ipybox.kernel._search import MAX_LIMIT, MAX_QUERY_CHARS
-from ipybox.mcp_server import _files, _output, _search
+from ipybox.mcp_server import _elicit, _files, _output, _search
 from ipybox.mcp_server._declare import Declared, declare
 from ipybox.mcp_server._install import Installer, InstallError
 
@@ -68,17 +69,32 @@ class ToolSession:
     """
 
     def __init__(
-        self, executor: CodeExecutor, workspace: Path, installer: Installer, rules: _files.Rules | None = None
+        self,
+        executor: CodeExecutor,
+        workspace: Path,
+        installer: Installer,
+        rules: _files.Rules | None = None,
+        approval: _elicit.ClientApproval | None = None,
     ) -> None:
         self.executor = executor
         self.workspace = workspace
         self.installer = installer
         self.rules = rules or _files.Rules()
+        self.approval = approval
 
     async def call(
-        self, name: str, arguments: Mapping[str, Any], progress: Progress | None
-    ) -> types.CallToolResult:
-        """Run the tool `name`; errors come back as results with ``isError``."""
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        progress: Progress | None,
+        ctx: ServerRequestContext[Any] | None = None,
+        state: types.CallToolRequestParams | None = None,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """Run the tool `name`; errors come back as results with ``isError``.
+
+        With `approval` (``--approve-tool-calls``), cells ask the client of `ctx` about their tool
+        calls; `state` is a 2026-07-28 retry that carries the client's answers.
+        """
         declared = TOOLS.get(name)
         if declared is None:
             return _error(f"There is no tool named {name!r}; the tools are: {', '.join(TOOLS)}.")
@@ -89,6 +105,8 @@ class ToolSession:
         if declared.takes_progress:
             kwargs["progress"] = progress
         try:
+            if self.approval is not None and declared.handler is ToolSession.execute_ipython_cell:
+                return await self._execute_asking(self.approval, ctx, state, **kwargs)
             return await declared.handler(self, **kwargs)
         except IpyboxError as exc:
             # The executor's own failures (the gateway gone and not restartable, a reset that
@@ -104,7 +122,9 @@ class ToolSession:
             "The working directory is the workspace. Find the tools of registered MCP servers with `search_tools`; "
             "call them from code: "
             "`from mcptools.<server_name>.<tool_module> import Params, run` and `run(Params(...))`; "
-            "these calls run without asking. Shell commands work with `!cmd`.\n\n"
+            "these calls run without asking, unless the server runs with --approve-tool-calls (then the user "
+            "accepts or declines each call and shell command; a declined one raises an error in the cell). "
+            "Shell commands work with `!cmd`.\n\n"
             "Output longer than `max_output_chars` keeps its beginning and end; the full text is saved to a "
             "file in the workspace that the output names. After `timeout` seconds the code is interrupted "
             "(state is kept) and the output so far is returned."
@@ -152,12 +172,52 @@ class ToolSession:
                 failure = f"[Timed out: {exc}]"
             finally:
                 tasks.cancel_scope.cancel()
+        return await self._cell_answer(output, result, failure, max_output_chars)
+
+    async def _cell_answer(
+        self, output: KeptText, result: CodeExecutionResult | None, failure: str | None, max_output_chars: int
+    ) -> types.CallToolResult:
         if failure is not None:
             text = _output.clean(output.text()).rstrip("\n")
             text = f"{text}\n{_output.clean(failure)}" if text else _output.clean(failure)
             return _error(_output.truncate(text, max_output_chars, self.workspace))
         assert result is not None
         return await self._cell_result(result, max_output_chars)
+
+    async def _execute_asking(
+        self,
+        approval: _elicit.ClientApproval,
+        ctx: ServerRequestContext[Any] | None,
+        state: types.CallToolRequestParams | None,
+        code: str,
+        timeout: float = 120,
+        max_output_chars: int = 5000,
+        *,
+        progress: Progress | None = None,
+    ) -> types.CallToolResult | types.InputRequiredResult:
+        """`execute_ipython_cell` whose tool calls are put to the person at the client."""
+        if ctx is None or not _elicit.can_ask(ctx):
+            return _error(_elicit.NO_ELICITATION)
+        if state is not None and state.request_state is not None:
+            cell, asked = await approval.resume(state)
+            if cell is None:
+                return _error(_elicit.NOT_WAITING)
+        else:
+            stream = self.executor.stream(code, timeout=timeout, chunks=True)
+            cell = _elicit.Cell(stream, KeptText(DEFAULT_MAX_OUTPUT_CHARS))
+            cell.start()
+            async with anyio.create_task_group() as tasks:
+                if progress is not None:
+                    tasks.start_soon(_report_progress, progress, cell.output)
+                try:
+                    asked = await approval.run(ctx, cell)
+                finally:
+                    tasks.cancel_scope.cancel()
+        if asked is not None:
+            return asked
+        if cell.error is not None:
+            raise cell.error
+        return await self._cell_answer(cell.output, cell.result, cell.failure, max_output_chars)
 
     async def _cell_result(self, result: CodeExecutionResult, max_output_chars: int) -> types.CallToolResult:
         """The answer of `execute_ipython_cell` for a cell that ran: its output, then its images."""
