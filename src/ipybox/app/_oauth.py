@@ -48,7 +48,9 @@ from mcp.shared.auth import (
     AuthorizationCodeResult,
     OAuthClientInformationFull,
     OAuthClientMetadata,
+    OAuthMetadata,
     OAuthToken,
+    ProtectedResourceMetadata,
 )
 
 from ipybox.errors import AuthorizationError, ServerParamsError
@@ -257,6 +259,16 @@ class TokenStore:
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
         self._update(client_info=client_info.model_dump(mode="json", exclude_none=True))
 
+    def set_discovered(self, context: OAuthContext) -> None:
+        """Keep what discovery found (authorization server and resource metadata) with the login."""
+        self._update(
+            discovered={
+                "oauth_metadata": _dump(context.oauth_metadata),
+                "resource_metadata": _dump(context.protected_resource_metadata),
+                "auth_server_url": context.auth_server_url,
+            }
+        )
+
     def require_login(self) -> None:
         """Drop the tokens and mark the login as needing ``ipybox auth login``."""
         self._update(tokens=None, expires_at=None, refresh_due=None, login_required=True)
@@ -275,6 +287,10 @@ class TokenStore:
             except FileNotFoundError:
                 return False
         return True
+
+
+def _dump(model: Any) -> Any:
+    return model.model_dump(mode="json", exclude_none=True) if model is not None else None
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -487,12 +503,26 @@ class _Provider(OAuthClientProvider):
 
     async def _initialize(self) -> None:
         await super()._initialize()
+        # What discovery found when the tokens were issued: a refresh in a new process goes to the
+        # authorization server's token endpoint (the SDK alone would guess the MCP server's origin).
+        discovered = self._store.read().get("discovered") or {}
+        if discovered.get("oauth_metadata") and self.context.oauth_metadata is None:
+            self.context.oauth_metadata = OAuthMetadata.model_validate(discovered["oauth_metadata"])
+            self.context.auth_server_url = discovered.get("auth_server_url")
+        if discovered.get("resource_metadata") and self.context.protected_resource_metadata is None:
+            self.context.protected_resource_metadata = ProtectedResourceMetadata.model_validate(
+                discovered["resource_metadata"]
+            )
         if self._store_drop_client:
             # Registered with another redirect URI (its port is taken): register again.
             self.context.client_info = None
         if self.context.current_tokens is not None:
             # The SDK does not keep the expiry across processes; the store does.
             self.context.token_expiry_time = self._store.refresh_due
+
+    async def _handle_token_response(self, response: httpx2.Response) -> None:
+        await super()._handle_token_response(response)
+        self._store.set_discovered(self.context)
 
     def close(self) -> None:
         if self._callback is not None:
