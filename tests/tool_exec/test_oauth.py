@@ -170,6 +170,19 @@ async def test_a_token_due_to_expire_is_refreshed_without_a_new_login(
     assert len(browser.visits) == 1
 
 
+async def test_a_token_the_server_ended_early_is_refreshed_and_the_call_sent_once(
+    servers: dict[str, str], browser: Browser
+) -> None:
+    await _oauth.login("notes", notes(servers))
+    before = stats(servers)
+    stats(servers, "expire-access")  # the client still thinks its token good for an hour
+    assert await call(notes(servers), "refused once") == {"result": "noted: refused once"}
+    after = stats(servers)
+    assert after["refreshes"] - before["refreshes"] == 1
+    assert after["calls"] - before["calls"] == 1
+    assert len(browser.visits) == 1
+
+
 async def test_a_revoked_login_fails_with_one_clear_error_and_the_call_is_not_retried(
     servers: dict[str, str], browser: Browser, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -35,7 +35,7 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -524,6 +524,43 @@ class _Provider(OAuthClientProvider):
         await super()._handle_token_response(response)
         self._store.set_discovered(self.context)
 
+    async def _handle_refresh_response(self, response: httpx2.Response) -> bool:
+        sent = self.context.current_tokens
+        if await super()._handle_refresh_response(response):
+            return True
+        # Another process may have refreshed first (the refresh token rotates): take its tokens.
+        record = self._store.read()
+        tokens = record.get("tokens")
+        if tokens and sent is not None and tokens.get("refresh_token") != sent.refresh_token:
+            self.context.current_tokens = OAuthToken.model_validate(tokens)
+            self.context.token_expiry_time = record.get("refresh_due")
+            return self.context.is_token_valid()
+        return False
+
+    async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+        """The SDK's flow, except that a stored login whose token the server refuses is refreshed
+        (and the refused request, which the server did not act on, sent once more) before the
+        login counts as gone; the SDK alone would start a new authorization."""
+        inner = super()._auth_flow(request)
+        outgoing = await inner.__anext__()
+        while True:
+            response = yield outgoing
+            if outgoing is request and response.status_code == 401 and not self._interactive:
+                refreshable = self.context.can_refresh_token()
+                await inner.aclose()  # releases the SDK's lock; nothing else of its flow runs
+                if refreshable:
+                    refreshed = yield await self._refresh_token()
+                    if await self._handle_refresh_response(refreshed):
+                        self._add_auth_header(request)
+                        retried = yield request
+                        if retried.status_code != 401:
+                            return
+                raise self._login_gone()
+            try:
+                outgoing = await inner.asend(response)
+            except StopAsyncIteration:
+                return
+
     def close(self) -> None:
         if self._callback is not None:
             self._callback.close()
@@ -532,14 +569,17 @@ class _Provider(OAuthClientProvider):
         self.failure = AuthorizationError(message, self.server_name)
         return self.failure
 
+    def _login_gone(self) -> AuthorizationError:
+        self._store.require_login()
+        return self._fail(
+            f"The OAuth login for MCP server {self.server_name!r} is no longer valid: the server refused "
+            "its token and it could not be refreshed (revoked, or expired). Run "
+            f"`ipybox auth login {self.server_name}` to log in again; the call was not run."
+        )
+
     async def _redirect(self, authorization_url: str) -> None:
         if not self._interactive:
-            self._store.require_login()
-            raise self._fail(
-                f"The OAuth login for MCP server {self.server_name!r} is no longer valid: the server refused "
-                "its token and it could not be refreshed (revoked, or expired). Run "
-                f"`ipybox auth login {self.server_name}` to log in again; the call was not run."
-            )
+            raise self._login_gone()
         self._state = parse_qs(urlsplit(authorization_url).query).get("state", [""])[0]
         self._authorization_url = authorization_url
 
