@@ -8,6 +8,7 @@ with an HTTP client and delivers the redirect to ipybox's loopback callback.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import selectors
 import stat
@@ -171,9 +172,11 @@ async def test_a_token_due_to_expire_is_refreshed_without_a_new_login(
 
 
 async def test_a_token_the_server_ended_early_is_refreshed_and_the_call_sent_once(
-    servers: dict[str, str], browser: Browser
+    servers: dict[str, str], browser: Browser, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.DEBUG)
     await _oauth.login("notes", notes(servers))
+    first = all_tokens()
     before = stats(servers)
     stats(servers, "expire-access")  # the client still thinks its token good for an hour
     assert await call(notes(servers), "refused once") == {"result": "noted: refused once"}
@@ -181,6 +184,25 @@ async def test_a_token_the_server_ended_early_is_refreshed_and_the_call_sent_onc
     assert after["refreshes"] - before["refreshes"] == 1
     assert after["calls"] - before["calls"] == 1
     assert len(browser.visits) == 1
+    # Nothing logged it, at any level.
+    assert caplog.records
+    for token in [*first, *all_tokens()]:
+        assert token not in caplog.text
+
+
+def test_the_mcp_server_asks_for_ipybox_auth_login_instead_of_waiting_on_its_stderr(
+    servers: dict[str, str],
+) -> None:
+    import asyncio
+
+    from ipybox.mcp_server._auth_cli import refuse_browser_step
+
+    refuse_browser_step()
+    try:
+        with pytest.raises(AuthorizationError, match="ipybox auth login notes --url"):
+            asyncio.run(call(notes(servers), "x"))
+    finally:
+        _oauth.set_authorization_handler(None)
 
 
 async def test_a_revoked_login_fails_with_one_clear_error_and_the_call_is_not_retried(

@@ -600,6 +600,10 @@ class _Provider(OAuthClientProvider):
                         with contextlib.suppress(asyncio.CancelledError):
                             await waiting
                 redirected = await handler(self.server_name, self._authorization_url)
+        except AuthorizationError as exc:
+            # The handler refused the browser step (the MCP server does: nobody is at its stderr).
+            self.failure = exc
+            raise
         except TimeoutError:
             raise self._fail(
                 f"No authorization for MCP server {self.server_name!r} arrived within {self._login_timeout:g} s; "

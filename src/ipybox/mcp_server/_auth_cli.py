@@ -9,7 +9,7 @@ import time
 import webbrowser
 from typing import Any
 
-from ipybox.errors import IpyboxError
+from ipybox.errors import AuthorizationError, IpyboxError
 
 _DESCRIPTION = """\
 Manage the OAuth logins of HTTP MCP servers whose parameters hold "oauth": true. Tokens and
@@ -101,3 +101,18 @@ async def _open_in_browser(server_name: str, authorization_url: str) -> None:
         flush=True,
     )
     await asyncio.to_thread(webbrowser.open, authorization_url)
+
+
+def refuse_browser_step() -> None:
+    """Make a server's first use fail with what to run, instead of waiting on a URL in the MCP
+    server's stderr (which the person at the MCP client does not see)."""
+    from ipybox.app import _oauth
+
+    async def refuse(server_name: str, authorization_url: str) -> str | None:
+        raise AuthorizationError(
+            f"MCP server {server_name!r} needs an OAuth login first: in a terminal, run "
+            f"`ipybox auth login {server_name} --url URL` (URL: the server's), then call again.",
+            server_name,
+        )
+
+    _oauth.set_authorization_handler(refuse)

@@ -43,7 +43,8 @@ environment:
   IPYBOX_MCP_TOKEN        bearer token for --transport streamable-http
 
 commands:
-  ipybox auth {list,login,logout}   OAuth logins of HTTP MCP servers ("oauth": true in server_params)
+  ipybox auth {list,login,logout}   OAuth logins of HTTP MCP servers ("oauth": true in server_params);
+                                    a server without one fails saying to run `ipybox auth login`
 
 examples:
   ipybox --workspace ~/project
@@ -167,6 +168,9 @@ def main(argv: list[str] | None = None) -> None:
         auth_main(arguments[1:])
         return
     args = parse_args(argv)
+    from ipybox.mcp_server._auth_cli import refuse_browser_step
+
+    refuse_browser_step()
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="ipybox %(levelname)s %(name)s: %(message)s"
     )
