@@ -333,6 +333,7 @@ async def logged_in(servers: dict[str, str], browser: Browser) -> AsyncIterator[
     yield all_tokens()
 
 
+@pytest.mark.slow  # a sandboxed executor
 async def test_hostile_sandboxed_code_cannot_read_the_token_store(
     logged_in: list[str], servers: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -460,9 +460,9 @@ class _Provider(OAuthClientProvider):
         self._store = store
         self._interactive = interactive
         self._login_timeout = login_timeout
-        self._settings = settings
         self._callback: _LoopbackCallback | None = None
         self._state: str | None = None
+        self._authorization_url = ""
         self.failure: AuthorizationError | None = None
         self.on_wait: Callable[[bool], None] | None = None
         client_info = store.read().get("client_info") or {}
@@ -496,10 +496,8 @@ class _Provider(OAuthClientProvider):
         )
         fields = {f.name: getattr(self.context, f.name) for f in dataclasses.fields(OAuthContext) if f.init}
         self.context = _Context(**fields)
-        if registered is not None and registered != redirect_uri:
-            self._store_drop_client = True
-        else:
-            self._store_drop_client = False
+        # Registered with another redirect URI (its port is taken, or the settings changed).
+        self._reregister = registered is not None and registered != redirect_uri
 
     async def _initialize(self) -> None:
         await super()._initialize()
@@ -513,8 +511,7 @@ class _Provider(OAuthClientProvider):
             self.context.protected_resource_metadata = ProtectedResourceMetadata.model_validate(
                 discovered["resource_metadata"]
             )
-        if self._store_drop_client:
-            # Registered with another redirect URI (its port is taken): register again.
+        if self._reregister:
             self.context.client_info = None
         if self.context.current_tokens is not None:
             # The SDK does not keep the expiry across processes; the store does.
