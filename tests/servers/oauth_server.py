@@ -169,7 +169,7 @@ async def admin(request: Request) -> Response:
     return JSONResponse(STATS)
 
 
-def mcp_app(issuer: str, resource: str) -> Starlette:
+def mcp_app(issuer: str, resource: str, sse: bool = False) -> Starlette:
     server = MCPServer(
         "notes",
         token_verifier=Verifier(),
@@ -187,7 +187,7 @@ def mcp_app(issuer: str, resource: str) -> Starlette:
         STATS["calls"] += 1
         return f"noted: {text}"
 
-    return server.streamable_http_app()
+    return server.sse_app() if sse else server.streamable_http_app()
 
 
 class Redirecting:
@@ -246,7 +246,7 @@ def _listen() -> tuple[socket.socket, str]:
 
 
 async def main() -> None:
-    names = ["as", "mcp", "other", "foreign", "foreign_as", "evil"]
+    names = ["as", "mcp", "sse", "other", "foreign", "foreign_as", "evil"]
     sockets = {name: _listen() for name in names}
     url = {name: base for name, (_, base) in sockets.items()}
     as_app = Starlette(
@@ -263,6 +263,7 @@ async def main() -> None:
     apps: dict[str, Any] = {
         "as": as_app,
         "mcp": Redirecting(mcp_app(url["as"], f"{url['mcp']}/mcp")),
+        "sse": mcp_app(url["as"], f"{url['sse']}/sse", sse=True),
         "other": mcp_app(url["as"], f"{url['other']}/mcp"),
         "foreign": mcp_app(url["foreign_as"], f"{url['foreign']}/mcp"),
         "foreign_as": foreign_as(url["foreign_as"], url["as"]),

@@ -148,6 +148,17 @@ async def test_the_first_call_authorizes_and_later_executors_reuse_the_stored_to
         assert token not in sources
 
 
+async def test_an_sse_server_logs_in_on_first_use_and_reuses_the_login(
+    servers: dict[str, str], browser: Browser
+) -> None:
+    params = {"url": f"{servers['sse']}/sse", "oauth": True}
+    assert resolve_params(params).transport == "sse"  # type: ignore[union-attr]
+    assert await call(params, "one", server_name="feed") == {"result": "noted: one"}
+    assert await call(params, "two", server_name="feed") == {"result": "noted: two"}
+    assert len(browser.visits) == 1
+    assert [entry.state for entry in _oauth.list_logins()] == ["active"]
+
+
 async def test_a_token_due_to_expire_is_refreshed_without_a_new_login(
     servers: dict[str, str], browser: Browser
 ) -> None:
