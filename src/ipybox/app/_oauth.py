@@ -338,8 +338,10 @@ class AuthorizationHandler(Protocol):
 
     Called with the server's name and the URL the person must open. Return ``None`` when the
     loopback listener will catch the redirect (the handler only showed or opened the URL), or
-    the full URL the browser was redirected to when the application's own callback (the
-    ``redirect_uri`` of the server's ``"oauth"`` settings) caught it.
+    the full URL the browser was redirected to when the handler caught it itself, as the
+    application's own callback (the ``redirect_uri`` of the server's ``"oauth"`` settings)
+    does. Its ``state`` must be the one of the authorization URL. Raise
+    :class:`~ipybox.errors.AuthorizationError` to refuse the login.
     """
 
     async def __call__(self, server_name: str, authorization_url: str) -> str | None: ...
@@ -587,16 +589,18 @@ class _Provider(OAuthClientProvider):
             self.on_wait(True)
         try:
             async with asyncio.timeout(self._login_timeout):
-                if self._callback is not None:
-                    waiting = asyncio.ensure_future(self._callback.wait(self._state))
-                    try:
-                        await handler(self.server_name, self._authorization_url)
+                # The loopback listener waits from before the URL is shown; a handler that caught
+                # the redirect itself returns it instead.
+                waiting = asyncio.ensure_future(self._callback.wait(self._state)) if self._callback else None
+                try:
+                    redirected = await handler(self.server_name, self._authorization_url)
+                    if redirected is None and waiting is not None:
                         return await waiting
-                    finally:
+                finally:
+                    if waiting is not None:
                         waiting.cancel()
                         with contextlib.suppress(asyncio.CancelledError):
                             await waiting
-                redirected = await handler(self.server_name, self._authorization_url)
         except AuthorizationError as exc:
             # The handler refused the browser step (the MCP server does: nobody is at its stderr).
             self.failure = exc
@@ -609,10 +613,19 @@ class _Provider(OAuthClientProvider):
         finally:
             if self.on_wait is not None:
                 self.on_wait(False)
+        return self._code_from(redirected)
+
+    def _code_from(self, redirected: str | None) -> AuthorizationCodeResult:
+        """The code of the URL the browser was redirected to, once it is the one expected."""
         if redirected is None:
             raise self._fail(
                 f"The authorization handler returned no callback URL for MCP server {self.server_name!r}, but its "
                 "'oauth' settings name a redirect_uri of the application's: return the URL the callback received."
+            )
+        if self._callback is not None and not redirected.startswith(self._callback.redirect_uri + "?"):
+            raise self._fail(
+                f"The OAuth callback for MCP server {self.server_name!r} was refused: it did not come back to "
+                f"{self._callback.redirect_uri}."
             )
         query = {key: values[0] for key, values in parse_qs(urlsplit(redirected).query).items()}
         if query.get("state") != self._state:
