@@ -384,3 +384,31 @@ print(repr(found))
     sources = "".join(path.read_text() for path in (tmp_path / "mcptools").rglob("*.py"))
     for token in logged_in:
         assert token not in seen and token not in sources and token not in around
+
+
+async def test_the_ipybox_mcp_server_uses_a_login_made_with_ipybox_auth_login(
+    servers: dict[str, str], browser: Browser, tmp_path: Path, state_dir: Path
+) -> None:
+    from tests.mcp_server.support import connected, server_env, stdio_params
+
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    params = notes(servers)
+    env = server_env(IPYBOX_STATE_DIR=str(state_dir))
+    async with connected(stdio_params(workspace, env=env)) as client:
+        # Without a login: the command to run, at once (no URL waits on the server's stderr).
+        refused = await client.call_tool(
+            "register_mcp_server", {"server_name": "notes", "server_params": params}
+        )
+        assert refused.is_error and "ipybox auth login notes --url" in str(refused.content)
+        await _oauth.login("notes", params)  # what `ipybox auth login notes --url ...` does
+        registered = await client.call_tool(
+            "register_mcp_server", {"server_name": "notes", "server_params": params}
+        )
+        assert not registered.is_error, registered.content
+        code = "from mcptools.notes import add_note\nprint(add_note.run(add_note.Params(text='mcp')).result)"
+        ran = await client.call_tool("execute_ipython_cell", {"code": code})
+        assert "noted: mcp" in str(ran.content)
+    sources = "".join(path.read_text() for path in (workspace / "mcptools").rglob("*.py"))
+    for token in all_tokens():
+        assert token not in sources and token not in str(ran.content)
