@@ -314,13 +314,32 @@ def test_oauth_parameters_are_checked() -> None:
         resolve_params({"url": "http://h/mcp", "oauth": {"password": "x"}})
 
 
-def test_the_auth_command_lists_and_forgets_logins_without_showing_tokens(
-    servers: dict[str, str], browser: Browser, state_dir: Path
+def test_the_auth_command_logs_in_lists_and_forgets_without_showing_tokens(
+    servers: dict[str, str], state_dir: Path
 ) -> None:
-    import asyncio
-
-    asyncio.run(_oauth.login("notes", notes(servers)))
     env = {**os.environ, "IPYBOX_STATE_DIR": str(state_dir)}
+    url = f"{servers['mcp']}/mcp"
+    login = subprocess.Popen(
+        [sys.executable, "-m", "ipybox", "auth", "login", "notes", "--url", url, "--no-browser"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert login.stderr is not None
+    try:
+        # The person: reads the URL the command prints, opens it, and the browser comes back.
+        lines = iter(login.stderr.readline, "")
+        authorization_url = next(line.strip() for line in lines if line.strip().startswith("http"))
+        callback = httpx2.get(authorization_url).headers["location"]
+        assert httpx2.get(callback).status_code == 200
+        out, err = login.communicate(timeout=60)
+    finally:
+        if login.poll() is None:
+            login.kill()
+            login.communicate()
+    assert login.returncode == 0, err
+    assert "Logged in to MCP server 'notes'; it offers 1 tool." in out
 
     def ipybox(*args: str) -> str:
         done = subprocess.run(

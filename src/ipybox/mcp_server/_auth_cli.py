@@ -77,7 +77,7 @@ def auth_main(argv: list[str]) -> None:
     except (IpyboxError, OSError) as exc:
         print(f"ipybox auth login: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
-    print(f"Logged in to MCP server {args.name!r} ({tools} tools).")
+    print(f"Logged in to MCP server {args.name!r}; it offers {tools} tool{'' if tools == 1 else 's'}.")
 
 
 def _login_params(args: argparse.Namespace) -> dict[str, Any]:
