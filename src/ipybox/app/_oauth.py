@@ -13,6 +13,9 @@ ipybox needs around it:
   interface catches the redirect (RFC 8252), refusing a callback whose ``state`` is not the one
   sent. An application with a callback of its own gives ``redirect_uri`` and returns the URL
   its callback received.
+- Tokens are refreshed before they expire (the expiry and what discovery found are stored with
+  them, which the SDK alone keeps only in memory), and when the server refuses one early, the
+  refused request (which did not run) is sent once more with the refreshed token.
 - A login that was revoked, or expired beyond refresh, is never renewed behind the user's back:
   the call fails with one `AuthorizationError` naming ``ipybox auth login NAME``, and the stored
   record says so until that command (or ``ipybox auth logout NAME``) runs. Only a server with no
