@@ -305,6 +305,33 @@ async def test_a_callback_with_another_state_is_refused(servers: dict[str, str],
     assert not _oauth.TokenStore("other", url).read().get("tokens")
 
 
+async def test_a_redirect_uri_other_than_the_registered_one_is_refused_on_both_sides(
+    servers: dict[str, str],
+) -> None:
+    evil = f"{servers['evil']}/callback"
+    seen: list[str] = []
+
+    async def elsewhere(server_name: str, authorization_url: str) -> str:
+        seen.append(authorization_url)
+        query = dict(httpx2.QueryParams(authorization_url.split("?", 1)[1]))
+        # The authorization server sends no code to a redirect_uri the client did not register.
+        base = authorization_url.split("?", 1)[0]
+        moved = f"{base}?{httpx2.QueryParams({**query, 'redirect_uri': evil})}"
+        async with httpx2.AsyncClient() as client:
+            answer = await client.get(moved)
+        assert answer.status_code == 400 and "location" not in answer.headers
+        # ipybox takes no code that came back anywhere but its own callback, right state or not.
+        return f"{evil}?code=stolen&state={query['state']}"
+
+    _oauth.set_authorization_handler(elsewhere)
+    try:
+        with pytest.raises(AuthorizationError, match="did not come back to"):
+            await _oauth.login("notes", notes(servers))
+    finally:
+        _oauth.set_authorization_handler(None)
+    assert len(seen) == 1 and stats(servers)["evil"] == []
+
+
 def test_oauth_parameters_are_checked() -> None:
     with pytest.raises(ServerParamsError, match="callback_port"):
         resolve_params({"url": "http://h/mcp", "oauth": {"callback_port": "x"}})
