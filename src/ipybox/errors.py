@@ -15,6 +15,7 @@ in ``ipybox``)::
     │   └── CodeExecutionError    raised by CodeExecutor (also for rejected tool calls)
     ├── ServerParamsError         MCP server parameters are malformed or name a missing ${VAR}
     ├── MCPServerError            an MCP server could not be started or failed a call
+    │   └── AuthorizationError    an OAuth login is missing, revoked or expired, or failed
     ├── ToolRunnerError           a tool call was rejected, expired or failed
     ├── ShellEscapeRequiredError  cell code started a process where ``!`` is required
     ├── ApprovalError             approval could not be asked for or answered
@@ -40,6 +41,7 @@ __all__ = [
     "ApprovalConnectionError",
     "ApprovalDecisionError",
     "ApprovalError",
+    "AuthorizationError",
     "CodeExecutionError",
     "ExecutionError",
     "GatewayError",
@@ -113,6 +115,13 @@ class MCPServerError(IpyboxError):
         super().__init__(message)
         self.server_name = server_name
         self.tool_name = tool_name
+
+
+class AuthorizationError(MCPServerError):
+    """An OAuth-protected MCP server could not be used: its login is missing, was revoked or
+    expired beyond refresh, or the authorization failed (a refused or forged callback, metadata
+    of another origin, a token for another resource). The message says what to run, typically
+    ``ipybox auth login NAME``; it never holds a token."""
 
 
 ToolCallOutcome = Literal["rejected", "expired", "failed"]

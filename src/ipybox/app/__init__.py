@@ -9,7 +9,8 @@ public paths the API reference names (``ipybox.code_exec``, ``ipybox.kernel_mgr.
 - ``_gateway``: starts and stops the kernel gateway process; ``_sandbox``: its srt settings.
 - ``_kernel_client``: talks to one kernel through the gateway (REST and WebSocket).
 - ``_tool_server``: runs tool calls from the kernel; ``_registry`` (trusted servers),
-  ``_params`` (their parameters), ``_mcp`` (MCP sessions), ``_shell`` (``!cmd`` of a walled kernel).
+  ``_params`` (their parameters), ``_mcp`` (MCP sessions), ``_oauth`` (OAuth logins of HTTP
+  servers), ``_shell`` (``!cmd`` of a walled kernel).
 - ``_approval_server`` / ``_approval_client``: the approval channel's two ends.
 - ``_apigen`` and ``_codegen``: Python sources from an MCP server's tools.
 - ``_confined``: every trusted file access inside the workspace.

@@ -41,6 +41,7 @@ from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
 from ipybox._infra import kill_tree
 from ipybox._wire import McpServerEnv
+from ipybox.app._oauth import OAuthConnection, oauth_connection
 from ipybox.app._params import HttpParams, StdioParams, resolve_params
 from ipybox.errors import MCPServerError
 
@@ -271,6 +272,7 @@ class MCPSession:
         self._end_error: BaseException | None = None
         self._connect_scope = anyio.CancelScope()
         self._stderr: _ServerStderr | None = None
+        self._oauth: OAuthConnection | None = None
 
     @property
     def alive(self) -> bool:
@@ -399,6 +401,9 @@ class MCPSession:
         return client
 
     def _translate(self, exc: Exception, tool_name: str) -> MCPServerError:
+        if self._oauth is not None and (refused := self._oauth.explain(exc)) is not None:
+            self._mark_broken()
+            return refused
         if isinstance(exc, MCPError) and "byte limit" in exc.message:
             # Streamable HTTP: one answer was over the SSE event limit; the session is fine.
             return MCPServerError(
@@ -484,7 +489,10 @@ class MCPSession:
                     ),
                 )
         except Exception as exc:
-            if not ready.done():
+            refused = self._oauth.explain(exc) if self._oauth is not None else None
+            if not ready.done() and refused is not None:
+                _fail(ready, refused)
+            elif not ready.done():
                 error = MCPServerError(
                     f"MCP server {self.server_name!r} could not be started or connected to: {_describe(exc)}"
                     f"{await self._server_output(exited=True)}",
@@ -539,6 +547,8 @@ class MCPSession:
                 await self._stop.wait()
         finally:
             self._client = None
+            if self._oauth is not None:
+                self._oauth.close()
             if pgid is not None:
                 # The SDK stopped the server; descendants it left in its process group go too.
                 with anyio.CancelScope(shield=True):
@@ -568,9 +578,26 @@ class MCPSession:
                 params.url,
                 headers=dict(params.headers),
                 timeout=self.connect_timeout,
+                auth=self._auth(),
                 httpx_client_factory=client_factory,
             )
-        return _streamable_http(params.url, params.headers, self.max_message_size)
+        return _streamable_http(params.url, params.headers, self.max_message_size, self._auth())
+
+    def _auth(self) -> httpx2.Auth | None:
+        """The OAuth login of an HTTP server whose parameters ask for one (see `ipybox.app._oauth`)."""
+        params = self.params
+        if not isinstance(params, HttpParams) or params.oauth is None:
+            return None
+
+        def waiting_on_person(waiting: bool) -> None:
+            # The browser step is the person's time, not the server's: the connect deadline pauses.
+            if self._ready is not None and not self._ready.done():
+                self._connect_scope.deadline = (
+                    math.inf if waiting else anyio.current_time() + self.connect_timeout
+                )
+
+        self._oauth = oauth_connection(self.server_name, params.url, params.oauth, on_wait=waiting_on_person)
+        return self._oauth.auth
 
 
 def server_environment() -> dict[str, str]:
@@ -709,11 +736,11 @@ class _EnteredTransport(contextlib.AbstractAsyncContextManager[Any]):
 
 @contextlib.asynccontextmanager
 async def _streamable_http(
-    url: str, headers: Mapping[str, str], max_message_size: int | None
+    url: str, headers: Mapping[str, str], max_message_size: int | None, auth: httpx2.Auth | None = None
 ) -> AsyncIterator[Any]:
     # The MCP SDK's own timeouts (a server may hold a response stream open for minutes), and
     # every answer read with the message size limit and a deadline.
-    async with _bounded_client(max_message_size, headers) as http_client:
+    async with _bounded_client(max_message_size, headers, auth=auth) as http_client:
         async with streamable_http_client(
             url, http_client=http_client, max_sse_event_size=max_message_size
         ) as streams:

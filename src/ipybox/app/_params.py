@@ -19,13 +19,14 @@ from typing import Any, Literal
 
 import httpx2
 
+from ipybox.app._oauth import OAuthSettings, parse_oauth
 from ipybox.errors import ServerParamsError
 
 __all__ = ["HttpParams", "StdioParams", "confine", "resolve_params"]
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _STDIO_KEYS = frozenset({"command", "args", "env", "cwd", "type"})
-_HTTP_KEYS = frozenset({"url", "headers", "type"})
+_HTTP_KEYS = frozenset({"url", "headers", "type", "oauth"})
 _HTTP_TYPES: dict[str, Literal["streamable_http", "sse"]] = {
     "streamable_http": "streamable_http",
     "streamable-http": "streamable_http",
@@ -62,21 +63,25 @@ class HttpParams:
         headers: HTTP headers sent with every request (e.g. ``Authorization``).
         transport: ``"streamable_http"`` or ``"sse"``.
         secrets: The values ``${VAR}`` placeholders were replaced with, kept out of messages.
+        oauth: The server's OAuth settings when it asks for an OAuth login (``"oauth"``), else
+            ``None`` (see :mod:`ipybox.app._oauth`).
     """
 
     url: str
     headers: dict[str, str]
     transport: Literal["streamable_http", "sse"]
     secrets: tuple[str, ...] = field(default=(), repr=False, compare=False)
+    oauth: OAuthSettings | None = None
 
 
 def resolve_params(server_params: Mapping[str, Any]) -> StdioParams | HttpParams:
     """Validate MCP server parameters and replace their ``${VAR}`` placeholders.
 
     A stdio server is given as ``{"command", "args", "env", "cwd"}``, an HTTP server as
-    ``{"url", "headers", "type"}`` where ``type`` is ``"streamable_http"`` or ``"sse"``; without
-    ``type`` the transport follows the URL path (``.../sse`` is SSE, anything else streamable
-    HTTP). ``${VAR}`` in any string is replaced from this process's environment, or else from
+    ``{"url", "headers", "type", "oauth"}`` where ``type`` is ``"streamable_http"`` or ``"sse"``;
+    without ``type`` the transport follows the URL path (``.../sse`` is SSE, anything else
+    streamable HTTP). ``"oauth": true`` (or a mapping of settings, see
+    :func:`ipybox.app._oauth.parse_oauth`) makes the server's login an OAuth one. ``${VAR}`` in any string is replaced from this process's environment, or else from
     the ``.env`` file of the current working directory.
 
     Args:
@@ -293,7 +298,13 @@ def _http_params(params: dict[str, Any]) -> HttpParams:
         transport = _HTTP_TYPES[kind]
     else:
         raise ServerParamsError(f"'type' must be 'streamable_http' or 'sse', not {kind!r}.")
-    return HttpParams(url=url, headers=dict(headers), transport=transport)
+    oauth = parse_oauth(params.get("oauth"))
+    if oauth is not None and any(name.lower() == "authorization" for name in headers):
+        raise ServerParamsError(
+            "An HTTP server with 'oauth' gets its Authorization header from the OAuth login: remove "
+            "'Authorization' from 'headers', or drop 'oauth' to send a fixed token."
+        )
+    return HttpParams(url=url, headers=dict(headers), transport=transport, oauth=oauth)
 
 
 def _check_keys(params: dict[str, Any], allowed: frozenset[str], what: str) -> None:

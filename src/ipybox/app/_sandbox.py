@@ -13,8 +13,8 @@ sockets live, ``.env`` and the credential files, on Linux everything outside the
 (`SYSTEM_READABLE`), and allow writes only to the working directory and the private folders
 (which hold the kernel's temporary, IPython and Jupyter folders). A custom settings file
 replaces the defaults, but `sandbox_settings` always adds the rules the rest of ipybox depends
-on: the protected names in the working directory, the credential files (and, for a kernel
-started as root, what only root may read in ``/etc``), the secrets of the folders the kernel
+on: the protected names in the working directory, the credential files and the stored OAuth
+logins (and, for a kernel started as root, what only root may read in ``/etc``), the secrets of the folders the kernel
 imports from outside its Python, the trusted registry, the kernel's Python and its tool socket.
 
 srt and the gateway run in a private folder, never in the working directory (`_kernel_launch.wrap`); the
@@ -461,6 +461,7 @@ def sandbox_settings(
         deny_read,
         [
             str(private_base()),
+            str(oauth_store()),
             *(str(Path.home() / p[2:]) for p in CREDENTIAL_STORES),
             *parent_env,
             *as_root,
@@ -497,6 +498,14 @@ def sandbox_settings(
         for key in ("allowRead", "allowWrite"):
             filesystem[key] = [path for path in filesystem[key] if not _reopens(path, hidden, working_dir)]
     return settings
+
+
+def oauth_store() -> Path:
+    """The folder of the stored OAuth logins (`ipybox.app._oauth.oauth_dir`), made (``0700``) if
+    missing so that the sandbox denies a real folder, however the settings read the rest."""
+    from ipybox.app._oauth import oauth_dir, private_dir
+
+    return private_dir(oauth_dir())
 
 
 def _add_new(target: list[Any], paths: Iterable[str]) -> None:

@@ -42,6 +42,10 @@ environment:
                           or WORKSPACE/.env, never shown to the kernel
   IPYBOX_MCP_TOKEN        bearer token for --transport streamable-http
 
+commands:
+  ipybox auth {list,login,logout}   OAuth logins of HTTP MCP servers ("oauth": true in server_params);
+                                    a server without one fails saying to run `ipybox auth login`
+
 examples:
   ipybox --workspace ~/project
   ipybox --workspace ~/project --transport streamable-http --port 8765
@@ -179,7 +183,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the ``ipybox`` command."""
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["auth"]:
+        from ipybox.mcp_server._auth_cli import auth_main
+
+        auth_main(arguments[1:])
+        return
     args = parse_args(argv)
+    from ipybox.mcp_server._auth_cli import refuse_browser_step
+
+    refuse_browser_step()
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="ipybox %(levelname)s %(name)s: %(message)s"
     )
