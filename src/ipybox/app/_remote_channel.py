@@ -209,15 +209,17 @@ class RemoteKernel:
 
     async def _receive(self, ws: ClientConnection) -> None:
         async for frame in ws:
-            msg = json.loads(frame)
-            if msg.get("channel") == "stdin" and msg.get("msg_type") == "input_request":
-                task = asyncio.create_task(self._answer(ws, msg))
-                self._answers.add(task)
-                task.add_done_callback(self._answers.discard)
-                continue
-            queue = self._pending.get(msg.get("parent_header", {}).get("msg_id", ""))
-            if queue is not None:
-                queue.put_nowait(msg)
+            await self._dispatch(ws, json.loads(frame))
+
+    async def _dispatch(self, ws: ClientConnection, msg: dict[str, Any]) -> None:
+        if msg.get("channel") == "stdin" and msg.get("msg_type") == "input_request":
+            task = asyncio.create_task(self._answer(ws, msg))
+            self._answers.add(task)
+            task.add_done_callback(self._answers.discard)
+            return
+        queue = self._pending.get(msg.get("parent_header", {}).get("msg_id", ""))
+        if queue is not None:
+            queue.put_nowait(msg)
 
     async def _answer(self, ws: ClientConnection, request: dict[str, Any]) -> None:
         prompt = request.get("content", {}).get("prompt", "")
