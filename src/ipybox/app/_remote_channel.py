@@ -90,6 +90,9 @@ class RemoteKernel:
         self._receiver: asyncio.Task[None] | None = None
         self._answers: set[asyncio.Task[None]] = set()
         self._pending: dict[str, asyncio.Queue[dict[str, Any]]] = {}
+        # ipykernel waits for one reply at a time, so one answer at a time is enough, and a cell
+        # that floods requests cannot make the application run more than one call at once.
+        self._answering = asyncio.Lock()
 
     @property
     def kernel_id(self) -> str:
@@ -223,16 +226,13 @@ class RemoteKernel:
 
     async def _answer(self, ws: ClientConnection, request: dict[str, Any]) -> None:
         prompt = request.get("content", {}).get("prompt", "")
-        # A plain input() gets an empty line: nobody sits at a remote kernel's stdin.
-        value = (
-            await self._tool_reply(prompt)
-            if isinstance(prompt, str) and prompt.startswith(PROMPT_PREFIX)
-            else ""
-        )
-        reply = self._message(
-            "input_reply", "stdin", {"status": "ok", "value": value}, request.get("header", {})
-        )
-        await ws.send(json.dumps(reply))
+        async with self._answering:
+            # A plain input() gets an empty line: nobody sits at a remote kernel's stdin.
+            is_call = isinstance(prompt, str) and prompt.startswith(PROMPT_PREFIX)
+            value = await self._tool_reply(prompt) if is_call else ""
+            content = {"status": "ok", "value": value}
+            reply = self._message("input_reply", "stdin", content, request.get("header", {}))
+            await ws.send(json.dumps(reply))
 
     async def _tool_reply(self, prompt: str) -> str:
         request_id: Any = None
