@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
+import tempfile
 import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -193,3 +195,35 @@ async def test_a_request_that_names_another_session_reaches_only_its_own_kernels
     assert json.loads(output) == {"id": 1, "result": {"echo": {"to": "victim"}}}
     assert [c.kernel_id for c in mine.calls] == [attacker_id]
     assert theirs.calls == []
+
+
+@pytest.fixture
+def host_tmp_file() -> Iterator[Path]:
+    fd, name = tempfile.mkstemp(prefix="ipybox-host-")
+    os.close(fd)
+    yield Path(name)
+    os.unlink(name)
+
+
+async def test_the_kernel_reaches_neither_the_hosts_network_nor_its_tmp(
+    kernel: tuple[RemoteKernel, Recorder], host_tmp_file: Path
+) -> None:
+    """What the remote cases rest on: the only way out of the kernel is the gateway's WebSocket."""
+    remote, _ = kernel
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        host_port = listener.getsockname()[1]
+        output = await remote.execute(
+            textwrap.dedent(f"""
+            import os, socket
+            for address in [("127.0.0.1", {host_port}), ("10.0.2.2", 80), ("1.1.1.1", 53)]:
+                try:
+                    socket.create_connection(address, timeout=5).close()
+                    print("reached", address)
+                except OSError as exc:
+                    print("blocked", type(exc).__name__)
+            print("host tmp visible:", os.path.exists({str(host_tmp_file)!r}))
+            """)
+        )
+    lines = output.splitlines()
+    assert len(lines) == 4 and all(line.startswith("blocked") for line in lines[:3]), output
+    assert lines[3] == "host tmp visible: False"
