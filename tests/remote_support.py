@@ -1,0 +1,194 @@
+"""A gateway on a "remote host": its own network namespace, reached through one forwarded port.
+
+`gateway_in_netns` starts a gateway command inside ``unshare --net --mount --pid``: the namespace
+has only its own loopback (no route to the host's network), a private ``/tmp`` and Jupyter runtime
+folder, and its own process tree (every process in it dies with it). The gateway listens on the
+namespace's loopback; one Unix socket, alone in a folder outside ``/tmp``, carries that one port out,
+and ``socat`` on the host turns it into a TCP port on the host's loopback. Nothing in the namespace
+can open a connection to the host: the socket only forwards connections from the host in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx2
+import psutil
+
+# The port inside the namespace: the namespace is private, so a fixed port cannot collide.
+INNER_PORT = 8888
+START_TIMEOUT = 90.0  # a cold Enterprise Gateway start on a loaded 2-core machine
+# A new network, mount and process namespace, whose processes all die with this command.
+_UNSHARE = [
+    "unshare",
+    "--net",
+    "--mount",
+    "--pid",
+    "--fork",
+    "--kill-child",
+    "--mount-proc",
+]
+
+_INSIDE = r"""
+set -eu
+ip link set lo up
+# An address outside 127/8, which Enterprise Gateway insists on; on loopback, it leads nowhere.
+ip addr add 10.254.0.1/32 dev lo
+mount -t tmpfs -o mode=1777 tmpfs /tmp
+export TMPDIR=/tmp JUPYTER_RUNTIME_DIR=/tmp/jupyter-runtime
+socat -lf /dev/null "UNIX-LISTEN:$FORWARD_SOCKET,fork,mode=600" "TCP:127.0.0.1:$INNER_PORT,nodelay" &
+exec "$@"
+"""
+
+
+@dataclass(frozen=True)
+class NetnsGateway:
+    """A running gateway in its own network namespace."""
+
+    url: str
+    token: str
+    log: Path
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the gateway's output, for failure messages."""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def netns_unavailable() -> str | None:
+    """Why a gateway cannot run in a network namespace here, or None when it can."""
+    for tool in ("unshare", "ip", "socat"):
+        if shutil.which(tool) is None:
+            return f"`{tool}` is not installed"
+    probe = subprocess.run(
+        [*_UNSHARE, "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if probe.returncode != 0:
+        return (
+            f"`unshare --net --mount --pid` is not permitted here: {probe.stderr.strip() or probe.returncode}"
+        )
+    return None
+
+
+def kernel_gateway_argv(python: str) -> list[str]:
+    """A plain Jupyter Kernel Gateway on the namespace's loopback (token from ``KG_AUTH_TOKEN``)."""
+    return [
+        python,
+        "-m",
+        "kernel_gateway",
+        "--KernelGatewayApp.ip=127.0.0.1",
+        f"--KernelGatewayApp.port={INNER_PORT}",
+        "--KernelGatewayApp.port_retries=0",
+    ]
+
+
+def enterprise_gateway_argv(python: str) -> list[str]:
+    """Jupyter Enterprise Gateway on the namespace's loopback (token from ``KG_AUTH_TOKEN``)."""
+    # Enterprise Gateway refuses kernels for root by default; the tests run as root.
+    return [
+        "env",
+        "EG_UNAUTHORIZED_USERS=nobody",
+        python,
+        "-m",
+        "enterprise_gateway",
+        "--EnterpriseGatewayApp.ip=127.0.0.1",
+        f"--EnterpriseGatewayApp.port={INNER_PORT}",
+        "--EnterpriseGatewayApp.port_retries=0",
+    ]
+
+
+@contextlib.contextmanager
+def gateway_in_netns(argv: list[str], start_timeout: float = START_TIMEOUT) -> Iterator[NetnsGateway]:
+    """Run the gateway command `argv` in a new network namespace; yield where to reach it.
+
+    Raises:
+        RuntimeError: The gateway did not answer ``GET /api`` within `start_timeout` seconds.
+    """
+    token = secrets.token_urlsafe(24)
+    # Outside /tmp (the namespace mounts its own there) and readable by root only.
+    state = Path(tempfile.mkdtemp(prefix="ipybox-netns-", dir="/var/tmp"))
+    forward_socket = state / "gateway.sock"
+    log = state / "gateway.log"
+    env = {
+        **os.environ,
+        "KG_AUTH_TOKEN": token,
+        "FORWARD_SOCKET": str(forward_socket),
+        "INNER_PORT": str(INNER_PORT),
+    }
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, state, True)
+        log_file = stack.enter_context(log.open("wb"))
+        inner = subprocess.Popen(
+            [*_UNSHARE, "bash", "-c", _INSIDE, "netns-gateway", *argv],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        stack.callback(_stop, inner)
+        outer = subprocess.Popen(
+            ["socat", "TCP-LISTEN:0,bind=127.0.0.1,fork,reuseaddr,nodelay", f"UNIX-CONNECT:{forward_socket}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        stack.callback(_stop, outer)
+        gateway = NetnsGateway(url=f"http://127.0.0.1:{_listening_port(outer.pid)}", token=token, log=log)
+        _wait_ready(gateway, inner, start_timeout)
+        yield gateway
+
+
+def _listening_port(pid: int, timeout: float = 10.0) -> int:
+    """The port that the process `pid` (socat on port 0) listens on, once it does."""
+    deadline = time.monotonic() + timeout
+    process = psutil.Process(pid)
+    while time.monotonic() < deadline:
+        for conn in process.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN:
+                return int(conn.laddr.port)
+        time.sleep(0.01)
+    raise RuntimeError(f"socat (pid {pid}) did not start listening within {timeout} s")
+
+
+def _wait_ready(gateway: NetnsGateway, inner: subprocess.Popen[bytes], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    headers = {"Authorization": f"token {gateway.token}"}
+    with httpx2.Client(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            if inner.poll() is not None:
+                raise RuntimeError(
+                    f"the gateway in the namespace exited ({inner.returncode}):\n{gateway.log_tail()}"
+                )
+            with contextlib.suppress(httpx2.HTTPError):
+                if client.get(f"{gateway.url}/api/kernelspecs", headers=headers).status_code == 200:
+                    return
+            time.sleep(0.1)
+    raise RuntimeError(
+        f"the gateway in the namespace did not answer within {timeout} s:\n{gateway.log_tail()}"
+    )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    # `--kill-child` makes the namespace's first process die with unshare, and with it every process
+    # of the namespace's own process tree.
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, 15)
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 9)
+        process.wait(timeout=10)
