@@ -14,6 +14,7 @@ in ``ipybox``)::
     │   ├── KernelDiedError       the kernel process died while running code
     │   └── CodeExecutionError    raised by CodeExecutor (also for rejected tool calls)
     ├── ServerParamsError         MCP server parameters are malformed or name a missing ${VAR}
+    ├── PolicyError               policy rules (objects or a policy file) are malformed
     ├── MCPServerError            an MCP server could not be started or failed a call
     ├── ToolRunnerError           a tool call was rejected, expired or failed
     ├── ShellEscapeRequiredError  cell code started a process where ``!`` is required
@@ -25,7 +26,7 @@ in ``ipybox``)::
     └── ApiGenerationError        a typed API could not be generated for an MCP server
 
 ``GatewayError`` and ``KernelConnectionError`` are also ``RuntimeError`` and
-``ServerParamsError`` is also ``ValueError``, the approval errors are ``RuntimeError``
+``ServerParamsError`` and ``PolicyError`` are also ``ValueError``, the approval errors are ``RuntimeError``
 (``ApprovalConnectionError`` is ``ConnectionError``), as the API reference documents.
 """
 
@@ -47,6 +48,7 @@ __all__ = [
     "KernelDiedError",
     "MCPServerError",
     "NoApprovalClientError",
+    "PolicyError",
     "SandboxUnavailableError",
     "ServerParamsError",
     "ShellEscapeRequiredError",
@@ -97,6 +99,13 @@ class CodeExecutionError(ExecutionError):
 
 class ServerParamsError(IpyboxError, ValueError):
     """MCP server parameters are malformed, or name an environment variable that is not set."""
+
+
+class PolicyError(IpyboxError, ValueError):
+    """Policy rules are malformed: an unknown key, decision or annotation, or a bad glob.
+
+    For a policy file the message names the file and the line.
+    """
 
 
 class MCPServerError(IpyboxError):

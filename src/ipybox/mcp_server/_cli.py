@@ -14,7 +14,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from ipybox.errors import IpyboxError
+from ipybox.app._policy import Policy, load_policy
+from ipybox.errors import IpyboxError, PolicyError
 from ipybox.mcp_server._server import Settings, SingleSession, build_server
 
 _DESCRIPTION = """\
@@ -42,8 +43,13 @@ environment:
                           or WORKSPACE/.env, never shown to the kernel
   IPYBOX_MCP_TOKEN        bearer token for --transport streamable-http
 
+commands:
+  ipybox audit [--session S] [--server S] [--tool T] [--decision D] [--since WHEN] [--json]
+                          show the audit trail of tool calls (ipybox audit --help)
+
 examples:
   ipybox --workspace ~/project
+  ipybox --workspace ~/project --policy ~/.config/ipybox/policy.toml
   ipybox --workspace ~/project --transport streamable-http --port 8765
 """
 
@@ -125,7 +131,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with streamable-http: all sessions work in the workspace itself, not each in a folder of "
         "its own; every session's kernel can then change what the others import and read (one trust domain)",
     )
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="policy rules (TOML) for inner tool calls and shell commands: allow, ask or deny by server, tool, "
+        "annotations or program; outside the workspace (the kernel can write there)",
+    )
+    parser.add_argument(
+        "--no-audit",
+        dest="audit",
+        action="store_false",
+        help="do not record tool calls in the audit trail (shown by `ipybox audit`)",
+    )
     args = parser.parse_args(argv)
+    if args.policy is not None:
+        args.policy = _read_policy(parser, args.policy, args.workspace.expanduser())
     if args.sandbox_config is not None:
         args.sandbox = True
         if not args.sandbox_config.is_file():
@@ -155,8 +176,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _read_policy(parser: argparse.ArgumentParser, path: Path, workspace: Path) -> Policy:
+    """The policy of ``--policy``; an error for a file the kernel could change, or a malformed one."""
+    path = path.expanduser().resolve()
+    if path.is_relative_to(workspace.resolve()):
+        parser.error(
+            f"--policy {path}: the file lies in the workspace, which the kernel can write, so code in the "
+            "kernel could change the rules for the next start; keep it outside (e.g. ~/.config/ipybox/)."
+        )
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        parser.error(f"--policy: {exc}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the ``ipybox`` command."""
+    """Run the ``ipybox`` command (``ipybox audit ...`` shows the audit trail)."""
+    arguments = sys.argv[1:] if argv is None else argv
+    if arguments[:1] == ["audit"]:
+        from ipybox.mcp_server._audit_cli import main as audit_main
+
+        audit_main(arguments[1:])
+        return
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level, stream=sys.stderr, format="ipybox %(levelname)s %(name)s: %(message)s"
@@ -171,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
         sandbox=args.sandbox,
         sandbox_config=args.sandbox_config,
         log_level=args.log_level,
+        policy=args.policy,
+        audit=args.audit,
     )
     try:
         if args.transport == "stdio":

@@ -20,6 +20,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ipybox.app._confined import Confined, ConfinedPathError
 from ipybox.app._executor import CodeExecutor
+from ipybox.app._policy import Policy
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
 from ipybox.mcp_server._install import Installer, packages_dir
@@ -54,6 +55,8 @@ class Settings:
             ``workspace/sessions`` (`new_session_folder`) to work in, hidden from the other
             sessions' sandboxed kernels (HTTP); else every session works in `workspace` itself.
         environ: The server's environment, where ``HOME`` and ``KERNEL_ENV_*`` are read.
+        policy: Policy rules for the tool calls and shell commands of every session.
+        audit: Record every tool call in the audit trail (``ipybox audit``).
     """
 
     workspace: Path
@@ -63,6 +66,8 @@ class Settings:
     spare_kernel: bool = True
     session_folders: bool = False
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    policy: Policy | None = None
+    audit: bool = False
 
     def kernel_env(self, folder: Path | None = None) -> dict[str, str]:
         """The environment of a kernel working in `folder` (default: the workspace): ``HOME``,
@@ -109,6 +114,8 @@ class Settings:
             approve_tool_calls=False,
             working_dir=folder,
             sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folder != self.workspace else (),
+            policy=self.policy,
+            audit=self.audit,
         )
 
     def installer(self, folder: Path | None = None) -> Installer:
