@@ -26,7 +26,7 @@ from __future__ import annotations
 import fnmatch
 import re
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -103,7 +103,7 @@ class Rule:
     server: str = "*"
     tool: str = "*"
     annotations: Mapping[str, bool] = field(default_factory=dict)
-    program: tuple[str, ...] | None = None
+    program: str | Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         if self.decision not in _DECISIONS:
@@ -149,7 +149,7 @@ class Rule:
         if self.program is None:
             return True
         base = program.rsplit("/", 1)[-1]
-        for pattern in self.program:
+        for pattern in (self.program,) if isinstance(self.program, str) else self.program:
             if "/" in pattern or "/" not in program:
                 if fnmatch.fnmatchcase(program, pattern):
                     return True
@@ -192,9 +192,9 @@ class Policy:
         PolicyError: A rule is not a `Rule`, or the default is not a decision.
     """
 
-    rules: tuple[Rule, ...] = ()
+    rules: Sequence[Rule] = ()
     default: Decision = "ask"
-    trusted_servers: frozenset[str] = frozenset()
+    trusted_servers: Collection[str] = frozenset()
 
     def __post_init__(self) -> None:
         rules = tuple(self.rules)
