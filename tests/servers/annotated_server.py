@@ -1,7 +1,7 @@
 """An MCP server for ipybox's policy tests whose tools carry MCP annotations (stdio).
 
 Run it as ``python tests/servers/annotated_server.py``. Every tool answers with a line naming
-itself and its arguments. With ``--gate FILE``, ``slow_write`` writes its process id to FILE once it has
+itself and its arguments. With ``--gate FIFO``, ``slow_write`` writes its process id to FIFO once it has
 started and then hangs, so a test can act while the call is under way.
 """
 
@@ -55,9 +55,9 @@ def plain(text: str) -> str:
 def slow_write(key: str) -> str:
     """Write this process's id to the gate file, then hang for two minutes (for crash tests)."""
     if _gate is not None:
-        with open(_gate + ".tmp", "w") as file:
+        # The test waits on the other end of this pipe (a FIFO): it learns the call is under way.
+        with open(_gate, "w") as file:
             file.write(str(os.getpid()))
-        os.replace(_gate + ".tmp", _gate)
         threading.Event().wait(120)
     return f"slow_write {key}"
 
