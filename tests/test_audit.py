@@ -40,12 +40,17 @@ def rows(session: str | None = None) -> list[dict[str, object]]:
 @pytest_asyncio.fixture(
     params=[False, pytest.param(True, marks=pytest.mark.slow)], ids=["unsandboxed", "sandboxed"]
 )
-async def executor(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[CodeExecutor]:
+async def executor(
+    tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[CodeExecutor]:
     sandbox: bool = request.param
     if sandbox:
         require_sandbox()
     work = tmp_path / "work"
     work.mkdir()
+    # The state folder (registry and trail) inside the working directory, the hardest case: the
+    # default sandbox hides the home folder and the temporary folder's other entries anyway.
+    monkeypatch.setenv("IPYBOX_STATE_DIR", str(work / "state"))
     await generate_mcp_sources(
         "annot", {"command": sys.executable, "args": [str(ANNOTATED)]}, work / "mcptools"
     )
