@@ -119,7 +119,6 @@ async def test_hostile_kernel_code_can_neither_change_the_policy_nor_forge_or_wi
     audit = str(default_audit_path())
     result = await executor.execute(HOSTILE.format(audit=audit, canary=CANARY, sandboxed=executor.sandbox))
     seen = json.loads(result.text or "{}")
-    print("SEEN", seen)
     assert seen["env"] == []
     assert seen["endpoints"] == [404, 404, 404, 404]
     assert seen["forged_remember"] == 400
@@ -133,7 +132,9 @@ async def test_hostile_kernel_code_can_neither_change_the_policy_nor_forge_or_wi
         assert seen["read"] is not True
         assert seen["listed"] == []
     with pytest.raises(CodeExecutionError, match="refused by the application's policy"):
-        await executor.execute("from mcptools.annot import delete_item\ndelete_item.run(delete_item.Params(key='y'))")
+        await executor.execute(
+            "from mcptools.annot import delete_item\ndelete_item.run(delete_item.Params(key='y'))"
+        )
     assert rows(executor.session_id)[-1]["decision"] == "denied"
 
 
@@ -196,7 +197,12 @@ def test_a_call_under_way_when_the_application_is_killed_is_in_the_trail(tmp_pat
 def _fill(path: Path) -> None:
     trail = AuditTrail(path)
     first = trail.begin(
-        session="s1", server="files", tool="read", arguments={"p": "a"}, decision="allowed", decided_by="rule 1"
+        session="s1",
+        server="files",
+        tool="read",
+        arguments={"p": "a"},
+        decision="allowed",
+        decided_by="rule 1",
     )
     trail.end(first, outcome="ok", duration_ms=1.5, result_size=10)
     trail.begin(
@@ -232,10 +238,13 @@ def test_ipybox_audit_lists_and_filters_the_trail_as_a_table_and_as_json(tmp_pat
     assert "\x1b" not in table.stdout  # shown escaped, never sent to the terminal
     denied = _audit("--decision", "denied", "--json", db=db)
     assert [json.loads(line)["tool"] for line in denied.stdout.splitlines()] == ["delete"]
-    assert [json.loads(line)["session"] for line in _audit("--session", "s1", "--json", db=db).stdout.splitlines()] == [
-        "s1"
-    ]
-    assert _audit("--tool", "read", "--server", "files", "--since", "1h", "--json", db=db).stdout.count("\n") == 1
+    assert [
+        json.loads(line)["session"] for line in _audit("--session", "s1", "--json", db=db).stdout.splitlines()
+    ] == ["s1"]
+    assert (
+        _audit("--tool", "read", "--server", "files", "--since", "1h", "--json", db=db).stdout.count("\n")
+        == 1
+    )
     assert _audit("--since", "yesterday-ish", db=db).returncode == 2
     assert _audit(db=tmp_path / "missing.sqlite3").returncode == 1
 

@@ -1,0 +1,114 @@
+"""What the audit trail (and a policy) costs a tool call, measured in one run.
+
+Usage: ``uv run python benchmarks/audit.py [--rounds N] [--calls N]``. Three executors run side
+by side, in turns (so load on the machine hits all alike), each making one generated tool call
+in a loop inside the kernel, auto-approved (``approve_tool_calls=False``):
+
+- ``plain``: no policy, no audit trail (the tool server's gate is off);
+- ``audit``: ``audit=True``: one SQLite record written before each call and updated after it;
+- ``audit+policy``: ``audit=True`` and a policy of ten rules, the last one matching.
+
+It prints the median per-call time of each and the difference to ``plain`` (target for the
+trail: at most 0.2 ms), and the cost of the trail alone, measured in this process: a record
+written and completed (`Ticket.admit` and `Ticket.finish`) against a trail in the same
+folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ipybox import CodeExecutor, generate_mcp_sources
+from ipybox.app._audit import AuditTrail
+from ipybox.app._gate import Gate
+from ipybox.policy import Policy, Rule
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER = {"command": sys.executable, "args": [str(ROOT / "benchmarks" / "servers" / "bench_server.py")]}
+TOOL_LOOP = """
+import time
+from mcptools.bench import echo
+echo.run(echo.Params(text="warm"))
+times = []
+for _ in range({n}):
+    t = time.perf_counter()
+    echo.run(echo.Params(text="x"))
+    times.append(time.perf_counter() - t)
+times.sort()
+print(times[len(times) // 2])
+"""
+TARGET_MS = 0.2
+POLICY = Policy(
+    (*(Rule("deny", server="other", tool=f"tool_{n}_*") for n in range(9)), Rule("allow", server="bench")),
+    default="ask",
+)
+
+
+async def gate_cost(folder: Path, n: int) -> float:
+    """Median seconds of one record written and completed, the trail alone."""
+    trail = AuditTrail(folder / "micro" / "audit.sqlite3")
+    gate = Gate(POLICY, trail, "bench")
+    times = []
+    for _ in range(n):
+        begin = time.perf_counter()
+        ticket = gate.ticket("bench", "echo", {"text": "x"})
+        await ticket.admit(annotations=None, ask=None)
+        ticket.finish(200, b'{"result":"x"}')
+        times.append(time.perf_counter() - begin)
+    trail.close()
+    return statistics.median(times)
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="turns of each executor")
+    parser.add_argument("--calls", type=int, default=300, help="tool calls per executor and turn")
+    args = parser.parse_args()
+    sides = {
+        "plain": {},
+        "audit": {"audit": True},
+        "audit+policy": {"audit": True, "policy": POLICY},
+    }
+    samples: dict[str, list[float]] = {name: [] for name in sides}
+    with tempfile.TemporaryDirectory(prefix="ipybox-bench-audit-") as name:
+        folder = Path(name)
+        os.environ["IPYBOX_STATE_DIR"] = str(folder / "state")
+        await generate_mcp_sources("bench", SERVER, folder / "mcptools")
+        executors = {
+            side: CodeExecutor(working_dir=folder, approve_tool_calls=False, spare_kernel=False, **options)  # type: ignore[arg-type]
+            for side, options in sides.items()
+        }
+        try:
+            for executor in executors.values():
+                await executor.start()
+            for _ in range(args.rounds):
+                for side, executor in executors.items():
+                    result = await executor.execute(TOOL_LOOP.format(n=args.calls), timeout=600)
+                    samples[side].append(float(result.text or "nan"))
+        finally:
+            for executor in executors.values():
+                await executor.stop()
+        alone = await gate_cost(folder, 2000)
+    plain = statistics.median(samples["plain"])
+    print(f"{'side':<13} {'median call':>12} {'- plain':>9}")
+    met = True
+    for side in sides:
+        median = statistics.median(samples[side])
+        extra = (median - plain) * 1000
+        if side == "audit":
+            met = extra <= TARGET_MS
+        print(f"{side:<13} {median * 1000:>9.3f} ms {extra:>+6.3f} ms")
+    print(f"trail alone (record written before, completed after): {alone * 1000:.3f} ms per call")
+    print(f"target: the trail costs a call <= {TARGET_MS} ms: {'met' if met else 'MISSED'}")
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
