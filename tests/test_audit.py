@@ -18,7 +18,7 @@ import psutil
 import pytest
 import pytest_asyncio
 
-from ipybox import CodeExecutionError, CodeExecutor, generate_mcp_sources
+from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutor, generate_mcp_sources
 from ipybox.app._audit import AuditTrail, default_audit_path
 from ipybox.mcp_server._cli import parse_args
 from ipybox.policy import Policy, Rule
@@ -278,3 +278,35 @@ def test_the_trail_database_is_private_to_its_user(tmp_path: Path) -> None:
     assert path.stat().st_mode & 0o777 == 0o600
     assert path.parent.stat().st_mode & 0o777 == 0o700
     assert sqlite3.connect(path).execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+@pytest.mark.slow
+async def test_walled_shell_commands_follow_the_policy_and_are_recorded_with_their_outcome(
+    tmp_path: Path,
+) -> None:
+    """Sandboxed with shell approval, commands run on the tool server (POST /shell): the same rules apply."""
+    require_sandbox()
+    if sys.platform != "linux":
+        pytest.skip("the exec wall is Linux only")
+    work = tmp_path / "work"
+    work.mkdir()
+    policy = Policy((Rule("allow", program=["echo", "ls"]),), default="ask")
+    async with CodeExecutor(
+        working_dir=work, sandbox=True, approve_shell_cmds=True, audit=True, policy=policy
+    ) as ex:
+        result = await ex.execute("!echo walled && ls")
+        assert "walled" in (result.text or "")
+        asked = []
+        with pytest.raises(CodeExecutionError, match="rejected"):
+            async for item in ex.stream("!echo x; touch made_by_chain"):
+                if isinstance(item, ApprovalRequest):
+                    asked.append(item.tool_args)
+                    await item.reject()
+        assert asked == [{"cmd": "echo x; touch made_by_chain"}]
+        records = rows(ex.session_id)
+    assert [(r["tool"], r["decision"], r["decided_by"], r["outcome"]) for r in records] == [
+        ("shell", "allowed", "rule 1", "ok"),
+        ("shell", "denied", "application", "rejected"),
+    ]
+    assert records[0]["result_size"]
+    assert not (work / "made_by_chain").exists()

@@ -179,3 +179,14 @@ async def test_the_trail_records_each_decision_who_made_it_and_the_outcome_witho
     assert json.loads(str(rows[0]["arguments"])) == {"key": "***"}
     assert rows[0]["result_size"] and rows[0]["duration_ms"] is not None
     assert SECRET not in trail_bytes().decode(errors="replace")
+
+
+async def test_a_request_left_when_the_stream_ends_is_recorded_as_abandoned(executor: CodeExecutor) -> None:
+    executor.policy = Policy(default="ask")
+    stream = executor.stream(call("put_item", key="left", value="behind"))
+    async for item in stream:
+        if isinstance(item, ApprovalRequest):
+            break
+    await stream.aclose()
+    last = records(executor)[-1]
+    assert (last["tool"], last["decision"], last["decided_by"]) == ("put_item", "denied", "abandoned")
