@@ -100,6 +100,7 @@ class AuditTrail:
     def __init__(self, path: Path | None = None) -> None:
         self.path = Path(path) if path is not None else default_audit_path()
         self._db: sqlite3.Connection | None = None
+        self._closed = False
 
     def open(self) -> None:
         """Create (if needed) and open the database.
@@ -110,6 +111,8 @@ class AuditTrail:
         """
         if self._db is not None:
             return
+        if self._closed:
+            raise sqlite3.ProgrammingError(f"The audit trail {self.path} was closed.")
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         # Created with mode 0600 before sqlite opens it (sqlite would follow the umask).
         os.close(os.open(self.path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o600))
@@ -125,7 +128,8 @@ class AuditTrail:
         self._db = db
 
     def close(self) -> None:
-        """Close the database; records written stay."""
+        """Close the database for good (a call still finishing then leaves its record as it was)."""
+        self._closed = True
         db, self._db = self._db, None
         if db is not None:
             db.close()
