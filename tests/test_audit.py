@@ -310,3 +310,29 @@ async def test_walled_shell_commands_follow_the_policy_and_are_recorded_with_the
     ]
     assert records[0]["result_size"]
     assert not (work / "made_by_chain").exists()
+
+
+async def test_an_approval_that_expires_is_recorded_as_decided_by_the_timeout(tmp_path: Path) -> None:
+    from ipybox.app._gate import Gate
+    from ipybox.tool_exec.approval.client import ApprovalClient
+    from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
+    from ipybox.tool_exec.server import ToolServer
+
+    trail = AuditTrail(tmp_path / "audit.sqlite3")
+    asked: list[ApprovalRequest] = []
+
+    async def never_decide(request: ApprovalRequest) -> None:
+        asked.append(request)
+
+    params = {"command": sys.executable, "args": [str(ANNOTATED)]}
+    async with ToolServer(port=0, approval_required=True, approval_timeout=0.5) as server:
+        server.gate = Gate(None, trail, "expiring")
+        async with ApprovalClient(callback=never_decide, port=server.port):
+            runner = ToolRunner(server_name="annot", server_params=params, port=server.port)
+            with pytest.raises(ToolRunnerError, match="expired"):
+                await runner.run("put_item", {"key": "k", "value": "v"})
+            await runner.aclose()
+    [record] = trail.query(session="expiring")
+    trail.close()
+    assert len(asked) == 1
+    assert (record.decision, record.decided_by, record.outcome) == ("denied", "timeout", "expired")
