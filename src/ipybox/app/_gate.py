@@ -172,16 +172,10 @@ class Ticket:
                 logger.warning("Could not write the audit record of %s.%s: %s", self.server, self.tool, exc)
         if self.record is None:
             return
-        error = None
-        if status is None:
-            outcome, error = "cancelled", "the caller went away"
-        elif status != 200:
-            outcome, error = "failed", None
-            try:
-                body = json.loads(answer or b"{}")["error"]
-                outcome, error = str(body["kind"]), str(body["message"])
-            except (ValueError, KeyError, TypeError):
-                pass
+        outcome, error = _outcome(status, answer, outcome)
+        for secret in self.secrets:
+            if error and secret:
+                error = error.replace(secret, "***")
         duration = (time.perf_counter() - self._running) * 1000 if self._running else 0.0
         try:
             audit.end(
@@ -217,3 +211,16 @@ class Ticket:
                 503,
                 "failed",
             ) from exc
+
+
+def _outcome(status: int | None, answer: bytes | None, success: str) -> tuple[str, str | None]:
+    """A request's outcome and error message, from its HTTP status and answer."""
+    if status is None:
+        return "cancelled", "the caller went away"
+    if status == 200:
+        return success, None
+    try:
+        body = json.loads(answer or b"{}")["error"]
+        return str(body["kind"]), str(body["message"])
+    except (ValueError, KeyError, TypeError):
+        return "failed", None
