@@ -156,6 +156,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_a_call_under_way_when_the_application_is_killed_is_in_the_trail(tmp_path: Path) -> None:
     work, gate = tmp_path / "work", tmp_path / "gate"
     work.mkdir()
@@ -227,6 +228,7 @@ def _audit(*args: str, db: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_ipybox_audit_lists_and_filters_the_trail_as_a_table_and_as_json(tmp_path: Path) -> None:
     db = tmp_path / "audit.sqlite3"
     _fill(db)
