@@ -49,6 +49,7 @@ PUBLIC_MODULES: dict[str, list[str] | None] = {
     "ipybox.errors": None,
     "ipybox.kernel_mgr.server": ["KernelGateway"],
     "ipybox.kernel_mgr.client": None,
+    "ipybox.policy": None,
     "ipybox.tool_exec.server": None,
     "ipybox.tool_exec.client": None,
     "ipybox.tool_exec.content": None,

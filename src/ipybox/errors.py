@@ -14,6 +14,7 @@ in ``ipybox``)::
     │   ├── KernelDiedError       the kernel process died while running code
     │   └── CodeExecutionError    raised by CodeExecutor (also for rejected tool calls)
     ├── ServerParamsError         MCP server parameters are malformed or name a missing ${VAR}
+    ├── PolicyError               policy rules (objects or a policy file) are malformed
     ├── MCPServerError            an MCP server could not be started or failed a call
     │   └── AuthorizationError    an OAuth login is missing, revoked or expired, or failed
     ├── ToolRunnerError           a tool call was rejected, expired or failed
@@ -27,7 +28,7 @@ in ``ipybox``)::
     └── ToolSearchError           a tool search got bad input or found no usable index
 
 ``GatewayError`` and ``KernelConnectionError`` are also ``RuntimeError`` and
-``ServerParamsError`` and ``ToolSearchError`` are also ``ValueError``, the approval errors are ``RuntimeError``
+``ServerParamsError``, ``ToolSearchError`` and ``PolicyError`` are also ``ValueError``, the approval errors are ``RuntimeError``
 (``ApprovalConnectionError`` is ``ConnectionError``), as the API reference documents.
 """
 
@@ -50,6 +51,7 @@ __all__ = [
     "KernelDiedError",
     "MCPServerError",
     "NoApprovalClientError",
+    "PolicyError",
     "SandboxUnavailableError",
     "ServerParamsError",
     "ShellEscapeRequiredError",
@@ -101,6 +103,13 @@ class CodeExecutionError(ExecutionError):
 
 class ServerParamsError(IpyboxError, ValueError):
     """MCP server parameters are malformed, or name an environment variable that is not set."""
+
+
+class PolicyError(IpyboxError, ValueError):
+    """Policy rules are malformed: an unknown key, decision or annotation, or a bad glob.
+
+    For a policy file the message names the file and the line.
+    """
 
 
 class MCPServerError(IpyboxError):

@@ -49,7 +49,7 @@ class ApprovalRequest:
         server_name: str,
         tool_name: str,
         tool_args: dict[str, Any],
-        respond: Callable[[bool], Awaitable[bool]],
+        respond: Callable[..., Awaitable[bool]],
     ) -> None:
         self.server_name = server_name
         self.tool_name = tool_name
@@ -62,15 +62,20 @@ class ApprovalRequest:
         """Whether `accept` or `reject` was called."""
         return self._decision is not None
 
-    async def accept(self) -> None:
+    async def accept(self, *, remember: bool = False) -> None:
         """Accept the tool call: it runs and the caller gets its result.
+
+        Args:
+            remember: Also allow this tool (a shell command: its programs) for the rest of the
+                session: later calls the executor's policy would ask about run unasked. A policy's
+                ``deny`` still refuses them.
 
         Raises:
             ApprovalDecisionError: The request was already decided, or it is no longer waiting
                 (it expired, or the call was withdrawn); the call does not run.
             ApprovalConnectionError: The connection to the tool server is gone.
         """
-        await self._decide(True)
+        await self._decide(True, remember=remember)
 
     async def reject(self) -> None:
         """Reject the tool call: the caller gets an error saying it was rejected.
@@ -82,7 +87,11 @@ class ApprovalRequest:
         """
         await self._decide(False)
 
-    async def _decide(self, accepted: bool) -> None:
+    async def _abandon(self) -> None:
+        """Reject because nobody is left to decide (the audit trail records it as abandoned)."""
+        await self._decide(False, abandoned=True)
+
+    async def _decide(self, accepted: bool, *, remember: bool = False, abandoned: bool = False) -> None:
         if self._decision is not None:
             earlier = "accepted" if self._decision else "rejected"
             effect = "the call runs" if self._decision else "the call does not run"
@@ -90,7 +99,8 @@ class ApprovalRequest:
                 f"The tool call {self} was already {earlier} ({effect}); a request is decided once."
             )
         self._decision = accepted
-        if not await self._respond(accepted):
+        extra = {"remember": True} if remember else {"abandoned": True} if abandoned else {}
+        if not await self._respond(accepted, **extra):
             raise ApprovalDecisionError(
                 f"The tool call {self} is no longer waiting for a decision: it expired (the tool server's "
                 "approval timeout) or the code that made it is gone, so the call does not run."
@@ -283,7 +293,7 @@ class ApprovalClient:
             logger.warning("Ignored a malformed approval request: %s", exc)
             return None
 
-        async def respond(accepted: bool) -> bool:
+        async def respond(accepted: bool, **extra: bool) -> bool:
             from websockets.exceptions import ConnectionClosed
 
             if websocket is not self._websocket:
@@ -293,7 +303,7 @@ class ApprovalClient:
                 )
             taken = asyncio.get_running_loop().create_future()
             self._taken[request_id] = taken
-            answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": accepted})
+            answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": accepted, **extra})
             try:
                 await websocket.send(answer)
             except ConnectionClosed as exc:

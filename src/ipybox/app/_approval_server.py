@@ -2,7 +2,9 @@
 
 For every tool call the channel sends ``{"jsonrpc": "2.0", "id": N, "method": "approve",
 "params": {"server_name", "tool_name", "tool_args"}}`` to the connected approval client and
-waits for ``{"jsonrpc": "2.0", "id": N, "result": true | false}``. Each request id is decided
+waits for ``{"jsonrpc": "2.0", "id": N, "result": true | false}`` (optionally with
+``"remember": true``, accepted for the rest of the session, or ``"abandoned": true``, rejected
+because nobody was left to decide). Each request id is decided
 at most once, and every decision is answered with ``{"jsonrpc": "2.0", "method": "decided",
 "params": {"id": N, "taken": true | false}}``: ``false`` for an unknown, already decided or
 expired id, whose decision changes nothing.
@@ -38,6 +40,10 @@ class _Decision(BaseModel):
     jsonrpc: Literal["2.0"]
     id: StrictInt
     result: StrictBool
+    # Accepted for the rest of the session (`ApprovalRequest.accept(remember=True)`).
+    remember: StrictBool = False
+    # Rejected because nobody was left to decide (the stream that would have shown it ended).
+    abandoned: StrictBool = False
 
 
 class ApprovalChannel:
@@ -57,7 +63,7 @@ class ApprovalChannel:
         self.approval_required = approval_required
         self.approval_timeout = approval_timeout
         self._websocket: WebSocket | None = None
-        self._pending: dict[int, asyncio.Future[bool]] = {}
+        self._pending: dict[int, asyncio.Future[_Decision]] = {}
         self._ids = itertools.count(1)
         self._closed = asyncio.Event()
         self._closed.set()
@@ -140,13 +146,29 @@ class ApprovalChannel:
             ApprovalClientDisconnected: The client disconnected before deciding (a ``RuntimeError``).
             TimeoutError: No decision arrived within ``approval_timeout`` seconds.
         """
+        return (await self.ask(server_name, tool_name, tool_args))[0]
+
+    async def ask(
+        self, server_name: str, tool_name: str, tool_args: dict[str, Any]
+    ) -> tuple[bool, bool, bool]:
+        """`request`, answering also whether the client accepted for the rest of the session
+        (``remember``) and whether it rejected because nobody was left to decide (``abandoned``).
+
+        Returns:
+            ``(accepted, remember, abandoned)``.
+
+        Raises:
+            NoApprovalClientError: As `request`.
+            ApprovalClientDisconnected: As `request`.
+            TimeoutError: As `request`.
+        """
         if not self.approval_required:
-            return True
+            return True, False, False
         websocket = self._websocket
         if websocket is None:
             raise NoApprovalClientError("The approval client is not connected to the tool server.")
         request_id = next(self._ids)
-        decision: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        decision: asyncio.Future[_Decision] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = decision
         message = json.dumps(
             {
@@ -166,7 +188,8 @@ class ApprovalChannel:
                     raise ApprovalClientDisconnected(
                         "The approval client disconnected before it could be asked."
                     ) from exc
-                return await decision
+                answer = await decision
+                return answer.result, answer.result and answer.remember, answer.abandoned
         except TimeoutError:
             raise TimeoutError(f"No approval decision within {self.approval_timeout:g} s.") from None
         finally:
@@ -185,7 +208,7 @@ class ApprovalChannel:
                 "Ignored a decision for request %d: it expired, was withdrawn or was decided.", answer.id
             )
             return answer.id, False
-        decision.set_result(answer.result)
+        decision.set_result(answer)
         return answer.id, True
 
     def _release(self, websocket: WebSocket) -> None:

@@ -6,7 +6,9 @@ import asyncio
 import contextlib
 import secrets
 import shutil
+import sqlite3
 import sys
+import uuid
 from collections.abc import AsyncGenerator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -20,8 +22,11 @@ import httpx2
 from ipybox._wire import KernelEnv, ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._approval_client import ApprovalClient, ApprovalRequest
+from ipybox.app._audit import AuditTrail
+from ipybox.app._gate import Gate
 from ipybox.app._gateway import KernelGateway
 from ipybox.app._kernel_client import ExecutionResult, KernelClient
+from ipybox.app._policy import Policy
 from ipybox.app._registry import ServerRegistry
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 
@@ -34,6 +39,7 @@ from ipybox.errors import (
     ExecutionError,
     KernelConnectionError,
     KernelDiedError,
+    PolicyError,
 )
 
 __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
@@ -146,6 +152,14 @@ class CodeExecutor:
             and MCP server start: ``True`` sends them to OpenTelemetry's global tracer provider, an
             OpenTelemetry ``TracerProvider`` to that one (``pip install 'ipybox[otel]'`` for the SDK and exporter);
             ``False`` (the default) makes none and imports nothing of OpenTelemetry for it.
+        policy: Rules the tool server applies to every tool call and shell command before the
+            application is asked (`ipybox.policy.Policy`): ``allow`` runs it unasked, ``deny``
+            refuses it, ``ask`` yields an `ApprovalRequest` as without a policy. They live in
+            this process only; the kernel can neither read nor change them.
+        audit: Record every tool call and shell command in the audit trail (an SQLite file in the
+            user's state folder, hidden from a sandboxed kernel; ``ipybox audit`` shows it), or
+            ``False`` for no record. A path puts the database there instead (outside any folder
+            the kernel can reach).
     """
 
     def __init__(
@@ -172,6 +186,8 @@ class CodeExecutor:
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
         sandbox_hidden: tuple[Path, ...] = (),
         tracing: Any = False,
+        policy: Policy | None = None,
+        audit: bool | Path = False,
     ) -> None:
         if sandbox_config is not None and not sandbox:
             raise ValueError(
@@ -205,6 +221,13 @@ class CodeExecutor:
             from ipybox.app._tracing import Tracing
 
             self._tracing = Tracing(None if tracing is True else tracing)
+
+        self._policy: Policy | None = None
+        self.policy = policy
+        self.audit = audit
+        # The id of the current session (each start() begins one) in the audit trail.
+        self.session_id = ""
+        self._audit_trail: AuditTrail | None = None
         self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
@@ -213,6 +236,23 @@ class CodeExecutor:
         self._requests: asyncio.Queue[_Item | None] | None = None
         self._runner: asyncio.Task[None] | None = None
         self._socket_dir: Path | None = None
+
+    @property
+    def policy(self) -> Policy | None:
+        """The policy rules (see the ``policy`` argument); setting it applies at once to later calls."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: Policy | None) -> None:
+        if policy is not None and not isinstance(policy, Policy):
+            raise PolicyError(f"policy must be an ipybox.policy.Policy, not {type(policy).__name__}.")
+        self._policy = policy
+        tool_server = getattr(self, "_tool_server", None)
+        if tool_server is not None:
+            if tool_server.gate is not None:
+                tool_server.gate.policy = policy
+            elif policy is not None:
+                tool_server.gate = Gate(policy, None, self.session_id)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -244,6 +284,9 @@ class CodeExecutor:
         gateway_token = secrets.token_urlsafe(32)
         approval_secret = secrets.token_urlsafe(32)
         async with AsyncExitStack() as stack:
+            trail = self._open_audit()
+            if trail is not None:
+                stack.callback(trail.close)
             # A sandboxed kernel has no network: it reaches the tool server through a Unix socket,
             # in a folder other executors' kernels cannot see.
             socket_dir = _sandbox.tools_dir() if self.sandbox else None
@@ -266,6 +309,12 @@ class CodeExecutor:
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
             )
             tool_server.tracing = self._tracing
+            self.session_id = uuid.uuid4().hex[:12]
+            tool_server.gate = (
+                Gate(self.policy, trail, self.session_id)
+                if self.policy is not None or trail is not None
+                else None
+            )
             await stack.enter_async_context(tool_server)
             address = ToolServerEnv(
                 host=self.tool_server_host,
@@ -285,7 +334,7 @@ class CodeExecutor:
                 working_dir=self.working_dir,
                 memory_limit=self.memory_limit,
                 max_processes=self.max_processes,
-                sandbox_hidden=self.sandbox_hidden,
+                sandbox_hidden=(*self.sandbox_hidden, *([trail.path.parent] if trail is not None else [])),
             )
             await stack.enter_async_context(gateway)
             tool_server.kernel_writable = gateway.kernel_writable
@@ -309,6 +358,7 @@ class CodeExecutor:
             self._tool_server, self._kernel, self._gateway = tool_server, kernel, gateway
             self._parts = (approval, kernel, gateway, tool_server)
             self._socket_dir = socket_dir
+            self._audit_trail = trail
             # From here on stop() takes everything down; the stack only served a failed start.
             stack.pop_all()
 
@@ -331,6 +381,9 @@ class CodeExecutor:
             outcomes = await asyncio.gather(
                 gateway.stop(timeout=_STOP_GRACE), tool_server.stop(), return_exceptions=True
             )
+            trail, self._audit_trail = self._audit_trail, None
+            if trail is not None:
+                trail.close()
             if self._socket_dir is not None:
                 shutil.rmtree(self._socket_dir, ignore_errors=True)
                 self._socket_dir = None
@@ -453,7 +506,7 @@ class CodeExecutor:
                     for request in handed:
                         if not request.decided:
                             with contextlib.suppress(ApprovalError):
-                                await request.reject()
+                                await request._abandon()
                     if not runner.done():
                         runner.cancel()
                         await asyncio.wait({runner})
@@ -543,6 +596,20 @@ class CodeExecutor:
             await request.reject()
         else:
             self._requests.put_nowait(request)
+
+    def _open_audit(self) -> AuditTrail | None:
+        """The audit trail this executor writes, opened; ``None`` without `audit`."""
+        if self.audit is False:
+            return None
+        trail = AuditTrail(None if self.audit is True else Path(self.audit))
+        try:
+            trail.open()
+        except (OSError, sqlite3.Error) as exc:
+            raise RuntimeError(
+                f"The audit trail {trail.path} could not be opened: {exc}; fix its folder's permissions, "
+                "or pass another path (audit=Path(...))."
+            ) from exc
+        return trail
 
     def _kernel_settings(self) -> dict[str, str]:
         """The kernel's environment before the tool server's address: `kernel_env` and what the

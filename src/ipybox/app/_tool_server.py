@@ -31,7 +31,6 @@ import contextlib
 import json
 import logging
 import weakref
-from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -60,6 +59,7 @@ from ipybox.app._approval_server import (
     ApprovalClientDisconnected,
     NoApprovalClientError,
 )
+from ipybox.app._gate import Asked, Gate, GateDenied, Ticket
 from ipybox.app._mcp import MCPSession
 from ipybox.app._params import StdioParams, confine, resolve_params
 from ipybox.app._registry import ServerRegistry
@@ -121,11 +121,13 @@ class _ShellRequest(BaseModel):
 class _ToolCallError(Exception):
     """A ``/run`` request ends with this HTTP status, outcome kind and message."""
 
-    def __init__(self, status: int, kind: ToolCallOutcome, message: str) -> None:
+    def __init__(self, status: int, kind: ToolCallOutcome, message: str, by: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind
         self.message = message
+        # Who decided, for the audit trail, where the kind does not say it (an abandoned request).
+        self.by = by
 
 
 class _BoundedHttp(HttpToolsProtocol):
@@ -380,6 +382,8 @@ class ToolServer:
         self.kernel_readonly: tuple[Path, ...] = ()
         self.scope = scope
         self.shell_runner = shell_runner
+        # The policy and audit trail (set by CodeExecutor); None: every call asks, none is recorded.
+        self.gate: Gate | None = None
         self._fallback_registry: ServerRegistry | None = None
         self.approve_tool_calls = approve_tool_calls
         # Spans of calls, approval waits and server starts (the executor's, when tracing is on).
@@ -544,9 +548,11 @@ class ToolServer:
         if body.server_params:
             return _error_response(400, "failed", "An approval request cannot carry server_params.")
         try:
-            await self._approve(body, f"{body.server_name}.{body.tool_name}")
+            ticket = await self._approve_shell(body, f"{body.server_name}.{body.tool_name}")
         except _ToolCallError as exc:
             return _error_response(exc.status, exc.kind, exc.message)
+        if ticket is not None:
+            ticket.finish(200, b"", outcome="approved")  # the kernel runs it: no outcome is seen here
         return JSONResponse({"result": None})
 
     async def _shell_endpoint(self, request: Request) -> Response:
@@ -582,10 +588,40 @@ class ToolServer:
         tool_args, argv = _shell_call(body)
         approval = _RunRequest(server_name="ipybox", tool_name=body.kind, tool_args=tool_args)
         try:
-            await self._approve(approval, f"ipybox.{body.kind}")
+            ticket = await self._approve_shell(approval, f"ipybox.{body.kind}")
         except _ToolCallError as exc:
             return _error_response(exc.status, exc.kind, exc.message)
-        running = await _run_while_connected(runner, body, argv, request.receive)
+        response: Response | None = None
+        try:
+            response = await self._run_shell(runner, body, argv, request.receive)
+            return response
+        finally:
+            if ticket is not None:
+                ticket.finish(*((response.status_code, bytes(response.body)) if response else (None, None)))
+
+    async def _approve_shell(self, approval: _RunRequest, call: str) -> Ticket | None:
+        """Ask for a shell command (or another ``/approve`` request); its ticket once allowed."""
+        # ---- policy and audit hook (ipybox.app._gate) for shell commands ----
+        if self.gate is None:
+            await self._approve(approval, call)
+            return None
+        ticket = self.gate.ticket(approval.server_name, approval.tool_name, approval.tool_args)
+        try:
+            await ticket.admit(annotations=None, ask=lambda: self._approve(approval, call))
+        except GateDenied as exc:
+            message = f"{call} was refused: {exc.reason}."
+            ticket.finish(exc.status, _error(exc.status, exc.kind, message)[1])
+            raise _ToolCallError(exc.status, exc.kind, message) from None
+        except _ToolCallError as exc:
+            ticket.finish(exc.status, _error(exc.status, exc.kind, exc.message)[1])
+            raise
+        return ticket
+        # ---- end of the policy and audit hook for shell commands ----
+
+    async def _run_shell(
+        self, runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
+    ) -> Response:
+        running = await _run_while_connected(runner, body, argv, receive)
         if running.cancelled():
             return Response(status_code=400)  # the client left; nobody reads this
         try:
@@ -735,10 +771,41 @@ class ToolServer:
         )
 
     async def _handle_run(self, body: _RunRequest, charge: _Charge) -> tuple[int, bytes]:
+        # ---- policy and audit hook (ipybox.app._gate): the ticket decides and records the call ----
+        if self.gate is None:
+            return await self._call(body, charge, None)
+        ticket = self.gate.ticket(body.server_name, body.tool_name, body.tool_args)
+        answer: tuple[int, bytes] | None = None
+        try:
+            answer = await self._call(body, charge, ticket)
+            return answer
+        finally:
+            ticket.finish(*(answer or (None, None)))
+
+    async def _admit(self, ticket: Ticket, session: MCPSession, body: _RunRequest, call: str) -> None:
+        """Decide a call by the policy (and the application, when it says ask) and record it."""
+        tool = await self._check_call(session, body, call)
+        asks = self.approve_tool_calls and self.approval_required
+        try:
+            await ticket.admit(
+                annotations=tool.annotations,
+                ask=(lambda: self._approve(body, call)) if asks else None,
+                secrets=session.params.secrets,
+            )
+        except GateDenied as exc:
+            raise _ToolCallError(
+                exc.status, exc.kind, f"Tool call {call} was refused: {exc.reason}."
+            ) from None
+        # ---- end of the policy and audit hook ----
+
+    async def _call(self, body: _RunRequest, charge: _Charge, ticket: Ticket | None) -> tuple[int, bytes]:
         call = f"{body.server_name}.{body.tool_name}"
         try:
             params = self._server_params(body)
-            if self.approve_tool_calls and self.approval_required:
+            if ticket is not None:
+                session = await self._session(body.server_name, params, call)
+                await self._admit(ticket, session, body, call)
+            elif self.approve_tool_calls and self.approval_required:
                 # What the person is asked about must be a call the server can take as shown.
                 session = await self._session(body.server_name, params, call)
                 await self._check_call(session, body, call)
@@ -784,7 +851,7 @@ class ToolServer:
             )
         return 200, answer
 
-    async def _check_call(self, session: MCPSession, body: _RunRequest, call: str) -> None:
+    async def _check_call(self, session: MCPSession, body: _RunRequest, call: str) -> Tool:
         """Refuse a call of a tool the server does not list, or with arguments its schema does not declare."""
         tools = self._tools.get(session)
         if tools is None or body.tool_name not in tools:
@@ -805,6 +872,7 @@ class ToolServer:
             raise _ToolCallError(
                 400, "failed", f"Tool call {call} failed: {problem}; nothing was asked or run."
             )
+        return tool
 
     def _too_large(self, call: str, size: int, qualifier: str = "") -> tuple[int, bytes]:
         return _error(
@@ -861,14 +929,12 @@ class ToolServer:
             self._fallback_registry = ServerRegistry()
         return self._fallback_registry
 
-    async def _approve(self, body: _RunRequest, call: str) -> None:
+    async def _approve(self, body: _RunRequest, call: str) -> Asked:
         try:
-            decision: Awaitable[bool] = self._channel.request(
-                body.server_name, body.tool_name, body.tool_args
-            )
+            decision = self._channel.ask(body.server_name, body.tool_name, body.tool_args)
             if self.tracing is not None:
                 decision = self.tracing.approval(body.server_name, body.tool_name, decision)
-            accepted = await decision
+            accepted, remember, abandoned = await decision
         except NoApprovalClientError:
             raise _ToolCallError(
                 503,
@@ -887,8 +953,16 @@ class ToolServer:
                 f"Tool call {call} expired: the application made no approval decision within "
                 f"{self.approval_timeout:g} s.",
             ) from None
+        if abandoned:
+            raise _ToolCallError(
+                403,
+                "rejected",
+                f"Tool call {call} was rejected: the application's stream ended before anybody decided.",
+                by="abandoned",
+            )
         if not accepted:
             raise _ToolCallError(403, "rejected", f"Tool call {call} was rejected by the application.")
+        return Asked(accepted, remember)
 
     async def _session(self, server_name: str, params: dict[str, Any], call: str) -> MCPSession:
         running = self._sessions.get(server_name)

@@ -78,13 +78,15 @@ class Tracing:
                 span.set_status(trace.StatusCode.ERROR, f"HTTP {status}")
             return status, answer
 
-    async def approval(self, server_name: str, tool_name: str, decision: Awaitable[bool]) -> bool:
-        """Wait for an approval decision in a span of its own (under the tool call's, or the cell's
-        for a shell command)."""
+    async def approval(
+        self, server_name: str, tool_name: str, decision: Awaitable[tuple[bool, bool, bool]]
+    ) -> tuple[bool, bool, bool]:
+        """Wait for an approval decision (``(accepted, remember, abandoned)``) in a span of its own
+        (under the tool call's, or the cell's for a shell command)."""
         with self._span(APPROVAL, {"ipybox.server": server_name, "ipybox.tool": tool_name}) as span:
-            accepted = await decision
-            span.set_attribute("ipybox.accepted", accepted)
-            return accepted
+            outcome = await decision
+            span.set_attribute("ipybox.accepted", outcome[0])
+            return outcome
 
     async def server_start(self, server_name: str, start: Awaitable[T]) -> T:
         """Start an MCP server in a span (under the tool call that needed it)."""

@@ -14,7 +14,8 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
-from ipybox.errors import IpyboxError
+from ipybox.app._policy import Policy, load_policy
+from ipybox.errors import IpyboxError, PolicyError
 from ipybox.mcp_server._server import Settings, SingleSession, build_server
 
 _DESCRIPTION = """\
@@ -45,9 +46,12 @@ environment:
 commands:
   ipybox auth {list,login,logout}   OAuth logins of HTTP MCP servers ("oauth": true in server_params);
                                     a server without one fails saying to run `ipybox auth login`
+  ipybox audit [--session S] [--server S] [--tool T] [--decision D] [--since WHEN] [--json]
+                          show the audit trail of tool calls (ipybox audit --help)
 
 examples:
   ipybox --workspace ~/project
+  ipybox --workspace ~/project --policy ~/.config/ipybox/policy.toml
   ipybox --workspace ~/project --transport streamable-http --port 8765
 """
 
@@ -149,9 +153,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="send OpenTelemetry traces (a span per cell, tool call, approval wait and MCP server start) over "
         "OTLP/HTTP to $OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318); needs ipybox[otel]",
     )
+    parser.add_argument(
+        "--policy",
+        type=Path,
+        metavar="FILE",
+        help="policy rules (TOML) for inner tool calls and shell commands: allow, ask or deny by server, tool, "
+        "annotations or program; outside the workspace (the kernel can write there)",
+    )
+    parser.add_argument(
+        "--no-audit",
+        dest="audit",
+        action="store_false",
+        help="do not record tool calls in the audit trail (shown by `ipybox audit`)",
+    )
     args = parser.parse_args(argv)
     if not (args.approval_timeout > 0 and math.isfinite(args.approval_timeout)):
         parser.error(f"--approval-timeout {args.approval_timeout:g}: give a positive number of seconds.")
+    if args.policy is not None:
+        args.policy = _read_policy(parser, args.policy, args.workspace.expanduser())
     if args.sandbox_config is not None:
         args.sandbox = True
         if not args.sandbox_config.is_file():
@@ -181,13 +200,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _read_policy(parser: argparse.ArgumentParser, path: Path, workspace: Path) -> Policy:
+    """The policy of ``--policy``; an error for a file the kernel could change, or a malformed one."""
+    path = path.expanduser().resolve()
+    if path.is_relative_to(workspace.resolve()):
+        parser.error(
+            f"--policy {path}: the file lies in the workspace, which the kernel can write, so code in the "
+            "kernel could change the rules for the next start; keep it outside (e.g. ~/.config/ipybox/)."
+        )
+    try:
+        return load_policy(path)
+    except PolicyError as exc:
+        parser.error(f"--policy: {exc}")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the ``ipybox`` command."""
+    """Run the ``ipybox`` command (``ipybox auth ...`` manages OAuth logins, ``ipybox audit ...``
+    shows the audit trail)."""
     arguments = sys.argv[1:] if argv is None else argv
     if arguments[:1] == ["auth"]:
         from ipybox.mcp_server._auth_cli import auth_main
 
         auth_main(arguments[1:])
+        return
+    if arguments[:1] == ["audit"]:
+        from ipybox.mcp_server._audit_cli import main as audit_main
+
+        audit_main(arguments[1:])
         return
     args = parse_args(argv)
     from ipybox.mcp_server._auth_cli import refuse_browser_step
@@ -209,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         approve_tool_calls=args.approve_tool_calls,
         approval_timeout=args.approval_timeout,
         tracing=args.otel,
+        policy=args.policy,
+        audit=args.audit,
     )
     provider = _start_tracing() if args.otel else None
     try:

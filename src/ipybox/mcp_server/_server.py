@@ -20,6 +20,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ipybox.app._confined import Confined, ConfinedPathError
 from ipybox.app._executor import CodeExecutor
+from ipybox.app._policy import Policy
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
 from ipybox.mcp_server._elicit import ClientApproval
@@ -59,6 +60,8 @@ class Settings:
             MCP client (elicitation), instead of running them unasked.
         approval_timeout: Seconds each such question waits for its answer.
         tracing: Make OpenTelemetry spans (to the global tracer provider).
+        policy: Policy rules for the tool calls and shell commands of every session.
+        audit: Record every tool call in the audit trail (``ipybox audit``).
     """
 
     workspace: Path
@@ -71,6 +74,8 @@ class Settings:
     approve_tool_calls: bool = False
     approval_timeout: float = 60
     tracing: bool = False
+    policy: Policy | None = None
+    audit: bool = False
 
     def kernel_env(self, folder: Path | None = None) -> dict[str, str]:
         """The environment of a kernel working in `folder` (default: the workspace): ``HOME``,
@@ -120,6 +125,8 @@ class Settings:
             tracing=self.tracing,
             working_dir=folder,
             sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folder != self.workspace else (),
+            policy=self.policy,
+            audit=self.audit,
         )
 
     def installer(self, folder: Path | None = None) -> Installer:
