@@ -20,8 +20,8 @@ import pytest
 import pytest_asyncio
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, generate_mcp_sources
-from ipybox.app import _mcp
-from ipybox.app import _tool_server as tool_server_module
+from ipybox.app import _mcp_transport
+from ipybox.app import _tool_http as tool_server_module
 from ipybox.errors import ApprovalDecisionError, CodeExecutionError
 from ipybox.tool_exec.approval.client import ApprovalClient
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
@@ -528,7 +528,7 @@ async def test_a_huge_answer_over_stdio_is_refused_while_it_is_read() -> None:
 async def test_an_answer_that_trickles_forever_is_abandoned(
     hostile_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_mcp, "_ANSWER_DEADLINE", 2.0, raising=False)
+    monkeypatch.setattr(_mcp_transport, "_ANSWER_DEADLINE", 2.0, raising=False)
     async with ToolServer(port=0, log_level="WARNING") as server:
         runner = ToolRunner("hostile", {"url": hostile_url}, port=server.port)
         with pytest.raises(ToolRunnerError, match="did not arrive whole within 2 s"):
