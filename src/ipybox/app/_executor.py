@@ -22,7 +22,7 @@ from ipybox.app import _sandbox
 from ipybox.app._approval_client import ApprovalClient, ApprovalRequest
 from ipybox.app._gateway import KernelGateway
 from ipybox.app._kernel_client import ExecutionResult, KernelClient
-from ipybox.app._registry import ServerRegistry
+from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 from ipybox.errors import (
     ApprovalError,
@@ -138,6 +138,9 @@ class CodeExecutor:
         sandbox_hidden: With ``sandbox=True``: folders the kernel can neither read nor write,
             whatever `sandbox_config` says, except `working_dir` when it lies inside one (the MCP
             server hides its sessions' folders from each other this way).
+        registry: The trusted registry of MCP servers the tool server may run (by default this
+            user's, ``default_registry()``, found once here); pass the same one to
+            ``generate_mcp_sources``. Keep its file where the kernel cannot write.
     """
 
     def __init__(
@@ -163,6 +166,7 @@ class CodeExecutor:
         spare_kernel: bool = True,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
         sandbox_hidden: tuple[Path, ...] = (),
+        registry: ServerRegistry | None = None,
     ) -> None:
         if sandbox_config is not None and not sandbox:
             raise ValueError(
@@ -191,6 +195,7 @@ class CodeExecutor:
         self.spare_kernel = spare_kernel
         self.max_result_size = max_result_size
         self.sandbox_hidden = sandbox_hidden
+        self.registry = registry if registry is not None else default_registry()
         self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
@@ -226,9 +231,7 @@ class CodeExecutor:
             raise RuntimeError("The code executor is already started; call stop() first.")
         # .env of the working directory is read when an MCP server starts (app._params),
         # not copied into this process's environment.
-        token = secrets.token_urlsafe(32)
         gateway_token = secrets.token_urlsafe(32)
-        approval_secret = secrets.token_urlsafe(32)
         async with AsyncExitStack() as stack:
             # A sandboxed kernel has no network: it reaches the tool server through a Unix socket,
             # in a folder other executors' kernels cannot see.
@@ -238,15 +241,12 @@ class CodeExecutor:
             tool_server = ToolServer(
                 host=self.tool_server_host,
                 port=self.tool_server_port or 0,
-                approval_required=True,
                 approval_timeout=self.approval_timeout,
                 connect_timeout=self.connect_timeout,
                 log_level=self.log_level,
                 log_to_stderr=True,
-                registry=ServerRegistry(),
+                registry=self.registry,
                 scope=self.working_dir or Path.cwd().resolve(),
-                token=token,
-                approval_secret=approval_secret,
                 approve_tool_calls=self.approve_tool_calls,
                 max_result_size=self.max_result_size,
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
@@ -255,7 +255,7 @@ class CodeExecutor:
             address = ToolServerEnv(
                 host=self.tool_server_host,
                 port=tool_server.port,
-                token=token,
+                token=tool_server.token,
                 socket=str(tool_server.uds) if tool_server.uds is not None else None,
             )
             kernel_env = {**self._kernel_settings(), **address.to_env()}
@@ -288,7 +288,7 @@ class CodeExecutor:
                 callback=self._on_approval_request,
                 host=self.tool_server_host,
                 port=tool_server.port,
-                secret=approval_secret,
+                secret=tool_server.approval_secret,
             )
             await stack.enter_async_context(approval)
             self._tool_server, self._kernel, self._gateway = tool_server, kernel, gateway
@@ -505,7 +505,7 @@ class CodeExecutor:
                 self._tool_server.shell_runner = gateway.shell_runner() if self._exec_wall else None
             kernel.port = gateway.port
             await kernel.connect()
-        except Exception as error:
+        except Exception as error:  # broad: any failure of the restart is reported in the cell's error
             return (
                 "The kernel gateway died while running the code, and starting a new one failed "
                 f"({error}); stop() and start() the executor to try again."

@@ -70,8 +70,8 @@ class _ToolCalls(_RequestBodies):
     kernel_writable: tuple[Path, ...]
     kernel_readonly: tuple[Path, ...]
     scope: Path | None
-    _registry: ServerRegistry | None
-    _fallback_registry: ServerRegistry | None
+    trust_all_clients: bool
+    _registry: ServerRegistry
     _channel: ApprovalChannel
     _sessions: dict[str, tuple[MCPSession, dict[str, Any]]]
     _starting: dict[str, asyncio.Lock]
@@ -173,7 +173,7 @@ class _ToolCalls(_RequestBodies):
     def _server_params(self, body: _RunRequest) -> dict[str, Any]:
         call = f"{body.server_name}.{body.tool_name}"
         if body.server_params:
-            if self._registry is not None:
+            if not self.trust_all_clients:
                 raise _ToolCallError(
                     403,
                     "failed",
@@ -181,15 +181,14 @@ class _ToolCalls(_RequestBodies):
                     "application, so a request cannot supply server_params; name a registered server instead.",
                 )
             return body.server_params
-        # A plain tool server reads the default registry, where generate_mcp_sources records servers.
-        registry = self._registry if self._registry is not None else self._default_registry()
+        registry = self._registry
         try:
             params = registry.lookup_shared(body.server_name, self.scope)
         except OSError as exc:
             raise _ToolCallError(500, "failed", f"The MCP server registry could not be read: {exc}") from exc
         if params is not None:
             return params
-        if self._registry is None:
+        if self.trust_all_clients:
             running = self._sessions.get(body.server_name)
             if running is not None:
                 return running[1]
@@ -207,11 +206,6 @@ class _ToolCalls(_RequestBodies):
             f"Tool call {call} failed: MCP server {body.server_name!r} is not registered for this executor; "
             f"generate its API with generate_mcp_sources(...){where} from this application.",
         )
-
-    def _default_registry(self) -> ServerRegistry:
-        if self._fallback_registry is None:
-            self._fallback_registry = ServerRegistry()
-        return self._fallback_registry
 
     async def _approve(self, body: _RunRequest, call: str) -> None:
         try:
@@ -253,7 +247,7 @@ class _ToolCalls(_RequestBodies):
                 resolved = resolve_params(params)
             except ServerParamsError as exc:
                 # Parameters from a request are the client's mistake; registered ones the application's.
-                status = 400 if self._registry is None else 500
+                status = 400 if self.trust_all_clients else 500
                 raise _ToolCallError(status, "failed", f"Tool call {call} failed: {exc}") from exc
             if isinstance(resolved, StdioParams) and self.kernel_writable:
                 try:
