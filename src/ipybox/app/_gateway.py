@@ -534,6 +534,7 @@ class KernelGateway:
         async with httpx2.AsyncClient(timeout=1.0, headers=headers) as http:
             while True:
                 if process.returncode is not None or (self._reader is not None and self._reader.done()):
+                    # Broad: the gateway is already gone; its exit code and output are read below.
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(process.wait(), 2)
                     if self._reader is not None:

@@ -129,7 +129,8 @@ class MCPSession:
             self._connect_scope.cancel()
         owner = self._owner
         if owner is not None and not owner.done():
-            # Shielded so that a cancelled caller still waits for the process to be gone.
+            # Shielded so that a cancelled caller still waits for the process to be gone; broad:
+            # the owner task reported its end already (to start() or the calls in flight).
             with contextlib.suppress(Exception):
                 await asyncio.shield(owner)
 
@@ -166,7 +167,7 @@ class MCPSession:
         client = self._connected(tool_name)
         try:
             result = await client.call_tool(tool_name, tool_args)
-        except Exception as exc:
+        except Exception as exc:  # broad: the boundary to the SDK; _translate makes it an MCPServerError
             error = self._translate(exc, tool_name)
             if self._broken and self._end_error is None and self._owner is not None:
                 # The connection broke: the owner task is ending with the reason (e.g. a message
@@ -202,7 +203,7 @@ class MCPSession:
                 cursor = page.next_cursor
                 if not cursor:
                     return tools
-        except Exception as exc:
+        except Exception as exc:  # broad: the boundary to the SDK; _translate makes it an MCPServerError
             raise self._translate(exc, "") from exc
 
     def _connected(self, tool_name: str) -> Client:
@@ -289,7 +290,7 @@ class MCPSession:
                 # -32022, and gets a second connection negotiated by the SDK.
                 try:
                     await self._connect_and_serve("legacy", ready)
-                except Exception as exc:
+                except Exception as exc:  # broad: the refusal may come wrapped in an exception group
                     refusal = _find_mcp_error(exc)
                     if ready.done() or refusal is None or refusal.code != UNSUPPORTED_PROTOCOL_VERSION:
                         raise
@@ -304,7 +305,7 @@ class MCPSession:
                         self.server_name,
                     ),
                 )
-        except Exception as exc:
+        except Exception as exc:  # broad: the boundary to the SDK and the server's process; reported below
             if not ready.done():
                 error = MCPServerError(
                     f"MCP server {self.server_name!r} could not be started or connected to: {_describe(exc)}"
