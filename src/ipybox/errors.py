@@ -15,6 +15,7 @@ in ``ipybox``)::
     │   └── CodeExecutionError    raised by CodeExecutor (also for rejected tool calls)
     ├── ServerParamsError         MCP server parameters are malformed or name a missing ${VAR}
     ├── MCPServerError            an MCP server could not be started or failed a call
+    ├── ToolServerError           the tool server could not start serving
     ├── ToolRunnerError           a tool call was rejected, expired or failed
     ├── ShellEscapeRequiredError  cell code started a process where ``!`` is required
     ├── ApprovalError             approval could not be asked for or answered
@@ -24,7 +25,7 @@ in ``ipybox``)::
     │   └── ApprovalDecisionError       a decision was not taken (already decided, or expired)
     └── ApiGenerationError        a typed API could not be generated for an MCP server
 
-``GatewayError`` and ``KernelConnectionError`` are also ``RuntimeError`` and
+``GatewayError``, ``KernelConnectionError`` and ``ToolServerError`` are also ``RuntimeError`` and
 ``ServerParamsError`` is also ``ValueError``, the approval errors are ``RuntimeError``
 (``ApprovalConnectionError`` is ``ConnectionError``), as the API reference documents.
 """
@@ -52,6 +53,7 @@ __all__ = [
     "ShellEscapeRequiredError",
     "ToolCallOutcome",
     "ToolRunnerError",
+    "ToolServerError",
 ]
 
 
@@ -111,6 +113,10 @@ class MCPServerError(IpyboxError):
         super().__init__(message)
         self.server_name = server_name
         self.tool_name = tool_name
+
+
+class ToolServerError(IpyboxError, RuntimeError):
+    """The tool server's HTTP server stopped before it was ready (the message says why)."""
 
 
 ToolCallOutcome = Literal["rejected", "expired", "failed"]

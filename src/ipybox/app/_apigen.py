@@ -28,12 +28,11 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from ipybox.app import _codegen, _confined
+from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.errors import ApiGenerationError, ServerParamsError
 
 if TYPE_CHECKING:
     from mcp.types import Tool
-
-    from ipybox.app._registry import ServerRegistry
 
 __all__ = ["generate_mcp_sources"]
 
@@ -93,7 +92,6 @@ async def generate_mcp_sources(
         )
     # Imported on first use: the MCP SDK is a heavy import, and `import ipybox` stays cheap.
     from ipybox.app._mcp import list_tools
-    from ipybox.app._registry import default_registry
 
     tools = await list_tools(server_name, server_params, connect_timeout=connect_timeout)
     if registry is None:

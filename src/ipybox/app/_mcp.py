@@ -221,8 +221,12 @@ class MCPSession:
         return client
 
     def _translate(self, exc: Exception, tool_name: str) -> MCPServerError:
+        # Read from the text, the one exception to that rule: the MCP SDK turns the transport's
+        # refusal of an answer over the size limit (ours, _AnswerTooLarge and _bounded_stdio's,
+        # or httpx2's SSEError) into an MCPError carrying only its text, with the code of a closed
+        # connection for an event stream. "byte limit" is in each of those texts.
         if isinstance(exc, MCPError) and "byte limit" in exc.message:
-            # Streamable HTTP: one answer was over the SSE event limit; the session is fine.
+            # One answer was over the limit; the session is fine.
             return MCPServerError(
                 f"MCP server {self.server_name!r} answered {_what(tool_name)} with a message too large to "
                 f"receive: {exc.message}{_size_hint(exc)}.",
@@ -401,6 +405,7 @@ def _text(result: CallToolResult) -> str | None:
 
 
 def _size_hint(exc: BaseException) -> str:
+    # Only the wording depends on the text (see MCPSession._translate for why it is read).
     if "byte limit" not in _describe(exc):
         return ""
     return " (one MCP message may have up to the tool server's max_result_size plus 1 MiB)"

@@ -48,7 +48,7 @@ def default_registry_path() -> Path:
 
 
 def default_registry() -> ServerRegistry:
-    """The registry of this user, at :func:`default_registry_path` (resolved when called).
+    """The registry of this user, at ``default_registry_path()`` (resolved when called).
 
     The one place a registry is found from the environment: an application builds it once
     (``CodeExecutor``, the MCP server) and passes it to what needs it; ``generate_mcp_sources``

@@ -59,6 +59,7 @@ from ipybox.app._tool_http import (
     _json,
     _summarise,
 )
+from ipybox.errors import ToolServerError
 
 __all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
 
@@ -253,6 +254,7 @@ class ToolServer(_ToolCalls):
         Raises:
             RuntimeError: The server is already running.
             OSError: The address could not be bound (e.g. the port is in use).
+            ToolServerError: The HTTP server stopped before it was ready.
         """
         if self._serve_task is not None:
             raise RuntimeError(f"The tool server is already running on {self.host}:{self._port}.")
@@ -293,8 +295,8 @@ class ToolServer(_ToolCalls):
             for bound in sockets:
                 bound.close()
             self._unlink_uds()
-            if isinstance(exc, RuntimeError):
-                raise RuntimeError(
+            if isinstance(exc, RuntimeError):  # uvicorn's failure, from Uvicorn.start
+                raise ToolServerError(
                     f"The tool server could not start on {self.host}:{self._port}: {exc}"
                 ) from exc
             raise
