@@ -3,7 +3,7 @@
 Application side only. What one client can hold of the tool server (`_BoundedHttp`), the
 in-flight budget of request and answer bytes (`_InflightBudget`, `_Charge`), reading a request
 body under those limits (`_RequestBodies`, a base of :class:`ipybox.app._tool_server.ToolServer`),
-and the JSON error answers every endpoint gives.
+the JSON error answers every endpoint gives, and ``log_to_stderr``'s fallback handler.
 """
 
 from __future__ import annotations
@@ -276,3 +276,22 @@ async def _disconnected(receive: Receive) -> None:
     """Return once the client has closed its connection (the request body was read before)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class _StderrFallback(logging.StreamHandler):  # type: ignore[type-arg]  # generic only in typeshed
+    """Writes ipybox's records to stderr for an application that configured no logging."""
+
+
+def _log_to_stderr_unless_configured(level: str) -> None:
+    """``log_to_stderr``: where the application has no logging set up, show ipybox's records on
+    stderr. An application with its own handlers gets the records through them instead, and
+    the logging configuration is left as the application made it."""
+    if logging.getLogger().handlers:
+        return
+    package = logging.getLogger("ipybox")
+    if not any(isinstance(handler, _StderrFallback) for handler in package.handlers):
+        handler = _StderrFallback()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        package.addHandler(handler)
+    if package.level == logging.NOTSET:
+        package.setLevel(level)

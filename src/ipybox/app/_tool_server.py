@@ -57,6 +57,7 @@ from ipybox.app._tool_http import (
     _error_response,
     _InflightBudget,
     _json,
+    _log_to_stderr_unless_configured,
     _summarise,
 )
 from ipybox.errors import ToolServerError
@@ -168,16 +169,14 @@ class ToolServer(_ToolCalls):
         shell_runner: ShellRunner | None = None,
         trust_all_clients: bool = False,
     ) -> None:
-        if max_result_size <= 0:
-            raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
-        if max_request_size <= 0:
-            raise ValueError(
-                f"max_request_size must be a positive number of bytes, not {max_request_size!r}."
-            )
-        if max_inflight_size <= 0:
-            raise ValueError(
-                f"max_inflight_size must be a positive number of bytes, not {max_inflight_size!r}."
-            )
+        sizes = {
+            "max_result_size": max_result_size,
+            "max_request_size": max_request_size,
+            "max_inflight_size": max_inflight_size,
+        }
+        for name, size in sizes.items():
+            if size <= 0:
+                raise ValueError(f"{name} must be a positive number of bytes, not {size!r}.")
         self.max_request_size = max_request_size
         self.max_inflight_size = max_inflight_size
         self._inflight = _InflightBudget(max_inflight_size)
@@ -490,22 +489,3 @@ class ToolServer(_ToolCalls):
 
     def _authorized(self, authorization: bytes) -> bool:
         return self._token is None or self._token.accepts(authorization)
-
-
-class _StderrFallback(logging.StreamHandler):  # type: ignore[type-arg]  # generic only in typeshed
-    """Writes ipybox's records to stderr for an application that configured no logging."""
-
-
-def _log_to_stderr_unless_configured(level: str) -> None:
-    """``log_to_stderr``: where the application has no logging set up, show ipybox's records on
-    stderr. An application with its own handlers gets the records through them instead, and
-    the logging configuration is left as the application made it."""
-    if logging.getLogger().handlers:
-        return
-    package = logging.getLogger("ipybox")
-    if not any(isinstance(handler, _StderrFallback) for handler in package.handlers):
-        handler = _StderrFallback()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        package.addHandler(handler)
-    if package.level == logging.NOTSET:
-        package.setLevel(level)
