@@ -271,6 +271,7 @@ class CodeExecutor:
                 memory_limit=self.memory_limit,
                 max_processes=self.max_processes,
                 sandbox_hidden=self.sandbox_hidden,
+                registry_dir=self.registry.path.parent,
             )
             await stack.enter_async_context(gateway)
             tool_server.kernel_writable = gateway.kernel_writable
