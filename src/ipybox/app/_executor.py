@@ -140,7 +140,7 @@ class CodeExecutor:
             server hides its sessions' folders from each other this way).
         registry: The trusted registry of MCP servers the tool server may run (by default this
             user's, ``default_registry()``, found once here); pass the same one to
-            ``generate_mcp_sources``. Keep its file where the kernel cannot write.
+            ``generate_mcp_sources``. With ``sandbox=True`` the kernel can never write its folder.
     """
 
     def __init__(
