@@ -75,7 +75,7 @@ logger = logging.getLogger("ipybox.tool_exec.server")
 
 
 class ToolServer(_ToolCalls):
-    """HTTP server that runs MCP tools for code in a kernel, with optional approval.
+    """HTTP server that runs MCP tools for code in a kernel, once the application approves each call.
 
     MCP servers are started (or connected to) on their first tool call and kept for later
     calls; calls to different servers run concurrently. With ``approval_required`` each call
@@ -198,8 +198,8 @@ class ToolServer(_ToolCalls):
         self.shell_runner = shell_runner
         self.approve_tool_calls = approve_tool_calls
         if not trust_all_clients:
-            token = token or secrets.token_urlsafe(32)
-            approval_secret = approval_secret or secrets.token_urlsafe(32)
+            token = token if token is not None else secrets.token_urlsafe(32)
+            approval_secret = approval_secret if approval_secret is not None else secrets.token_urlsafe(32)
         self._token_value, self._approval_secret_value = token, approval_secret
         self._token = BearerToken(token) if token is not None else None
         self._approval_secret = BearerToken(approval_secret) if approval_secret is not None else None
