@@ -81,7 +81,8 @@ async def tool_server_costs(folder: Path, rounds: int, calls: int) -> dict[str, 
     # CPU seconds of this process (tool server, client and trail) per call, batch by batch: far
     # less disturbed than wall time by other work on the machine.
     cpu: dict[str, list[float]] = {"plain": [], "audit": []}
-    async with ToolServer(port=0) as plain, ToolServer(port=0) as audited:
+    open_mode = {"port": 0, "trust_all_clients": True, "approval_required": False}
+    async with ToolServer(**open_mode) as plain, ToolServer(**open_mode) as audited:
         audited.gate = Gate(None, trail, "bench")
         runners = {
             "plain": ToolRunner(server_name="bench", server_params=SERVER, port=plain.port),

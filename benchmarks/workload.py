@@ -302,7 +302,7 @@ async def tool_calls(args: argparse.Namespace, approval: bool) -> dict[str, Any]
             samples.append(ms(time.perf_counter() - start))
         return samples
 
-    async with ToolServer(port=port, approval_required=approval):
+    async with ToolServer(port=port, approval_required=approval, trust_all_clients=True):
         if approval:
             async with ApprovalClient(callback=accept, port=port):
                 samples = await asyncio.to_thread(call_loop)
@@ -334,7 +334,7 @@ async def fig_concurrent_calls(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     server_params = {"command": args.mcp_python, "args": [str(BENCH_SERVER)]}
     samples = []
-    async with ToolServer(port=port):
+    async with ToolServer(port=port, approval_required=False, trust_all_clients=True):
         runner = ToolRunner(server_name="bench", server_params=server_params, port=port)
         await runner.run("sleep", {"seconds": 0.0})
 
@@ -393,7 +393,7 @@ async def fig_throughput(args: argparse.Namespace) -> dict[str, Any]:
     server_params = {"command": args.mcp_python, "args": [str(BENCH_SERVER)]}
     tool_args = {"text": "hello"}
     concurrent, sequential = [], []
-    async with ToolServer(port=port):
+    async with ToolServer(port=port, approval_required=False, trust_all_clients=True):
         runner = ToolRunner(server_name="bench", server_params=server_params, port=port)
 
         def in_a_row() -> float:
@@ -482,8 +482,8 @@ async def fig_tool_overhead(args: argparse.Namespace) -> dict[str, Any]:
     tool_minus_floor: list[float] = []
     approval_minus_floor: list[float] = []
     async with (
-        ToolServer(port=auto_port, approval_required=False),
-        ToolServer(port=approval_port, approval_required=True),
+        ToolServer(port=auto_port, approval_required=False, trust_all_clients=True),
+        ToolServer(port=approval_port, approval_required=True, trust_all_clients=True),
         ApprovalClient(callback=accept, port=approval_port),
         Client(direct, mode="legacy") as client,
     ):

@@ -300,7 +300,10 @@ async def test_an_approved_command_is_not_a_program_the_kernel_planted(
 async def test_the_shell_endpoint_needs_the_token_and_a_runner() -> None:
     from ipybox.tool_exec.server import ToolServer
 
-    async with ToolServer(port=0, token="secret") as server, httpx2.AsyncClient() as http:
+    async with (
+        ToolServer(port=0, token="secret", approval_required=False, trust_all_clients=True) as server,
+        httpx2.AsyncClient() as http,
+    ):
         url = f"http://localhost:{server.port}/shell"
         body = {"kind": "shell", "cmd": "true", "cwd": "/"}
         response = await http.post(url, json=body)

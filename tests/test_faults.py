@@ -27,7 +27,7 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
-from ipybox.app._registry import ServerRegistry
+from ipybox.app._registry import default_registry
 from ipybox.errors import ApprovalDecisionError
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
@@ -94,7 +94,7 @@ async def executor(workdir: Path, http_demo: HttpDemo) -> AsyncIterator[CodeExec
     # registry is trusted) and its module is the demo's, so the kernel can call it. Private
     # ServerRegistry: the public way (generate_mcp_sources) needs a server that answers.
     await generate_mcp_sources("mute", DEMO, workdir / "mcptools")
-    ServerRegistry().register(
+    default_registry().register(
         "mute",
         {"command": sys.executable, "args": ["-c", "import time; time.sleep(3600)"]},
         workdir / "mcptools",
@@ -299,7 +299,9 @@ async def test_the_approval_process_killed_mid_call_fails_the_pending_call_at_on
     from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
     from ipybox.tool_exec.server import ToolServer
 
-    async with ToolServer(port=0, approval_required=True, approval_timeout=600) as server:
+    async with ToolServer(
+        port=0, approval_required=True, approval_timeout=600, trust_all_clients=True
+    ) as server:
         approver = await asyncio.create_subprocess_exec(
             sys.executable, "-c", APPROVER, str(server.port), stdout=asyncio.subprocess.PIPE
         )

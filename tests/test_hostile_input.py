@@ -20,8 +20,8 @@ import pytest
 import pytest_asyncio
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, generate_mcp_sources
-from ipybox.app import _mcp
-from ipybox.app import _tool_server as tool_server_module
+from ipybox.app import _mcp_transport
+from ipybox.app import _tool_http as tool_server_module
 from ipybox.errors import ApprovalDecisionError, CodeExecutionError
 from ipybox.tool_exec.approval.client import ApprovalClient
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
@@ -265,7 +265,9 @@ async def test_calls_over_the_inflight_limit_wait_or_fail_alone_and_one_call_alw
         requests.put_nowait(request)
 
     async with (
-        ToolServer(port=0, approval_required=True, log_level="WARNING", max_inflight_size=MiB) as server,
+        ToolServer(
+            port=0, approval_required=True, log_level="WARNING", max_inflight_size=MiB, trust_all_clients=True
+        ) as server,
         ApprovalClient(hold, port=server.port),
     ):
         runner = ToolRunner("demo", DEMO, port=server.port)
@@ -302,7 +304,9 @@ async def test_calls_over_the_inflight_limit_wait_or_fail_alone_and_one_call_alw
 
 @pytest_asyncio.fixture
 async def approval_server() -> AsyncIterator[ToolServer]:
-    async with ToolServer(port=0, approval_required=True, approval_timeout=2, log_level="WARNING") as server:
+    async with ToolServer(
+        port=0, approval_required=True, approval_timeout=2, log_level="WARNING", trust_all_clients=True
+    ) as server:
         yield server
 
 
@@ -351,7 +355,9 @@ async def test_the_approval_channel_recovers_when_it_drops(approval_server: Tool
 
 
 async def test_a_call_over_the_request_limit_fails_alone_naming_the_limit() -> None:
-    async with ToolServer(port=0, log_level="WARNING", max_request_size=MiB) as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", max_request_size=MiB, approval_required=False, trust_all_clients=True
+    ) as server:
         runner = ToolRunner("demo", DEMO, port=server.port)
         with pytest.raises(ToolRunnerError, match="max_request_size") as info:
             await runner.run("echo", {"text": "w" * (2 * MiB)})
@@ -387,7 +393,9 @@ async def raw_exchange(port: int, head: bytes, body: bytes = b"") -> bytes:
 
 
 async def test_a_client_without_the_token_is_answered_before_it_sends_a_body() -> None:
-    async with ToolServer(port=0, log_level="WARNING", token="secret") as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", token="secret", approval_required=False, trust_all_clients=True
+    ) as server:
         # Announces 500 MB and sends none of it: the answer comes anyway, at once.
         head = b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Length: 500000000\r\n\r\n"
         answer = await raw_exchange(server.port, head)
@@ -400,7 +408,9 @@ async def test_a_client_without_the_token_is_answered_before_it_sends_a_body() -
 
 async def test_a_body_that_trickles_is_cut_off_at_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tool_server_module, "_BODY_TIMEOUT", 1.0, raising=False)
-    async with ToolServer(port=0, log_level="WARNING", token="secret") as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", token="secret", approval_required=False, trust_all_clients=True
+    ) as server:
         # The right token, 100 bytes announced, 10 sent, then nothing.
         head = b"POST /run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer secret\r\nContent-Length: 100\r\n\r\n"
         answer = await raw_exchange(server.port, head, b'{"server_n')
@@ -410,7 +420,9 @@ async def test_a_body_that_trickles_is_cut_off_at_its_deadline(monkeypatch: pyte
 
 
 async def test_a_huge_request_head_is_refused() -> None:
-    async with ToolServer(port=0, log_level="WARNING") as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", approval_required=False, trust_all_clients=True
+    ) as server:
         head = b"GET /status HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"p" * (1024 * 1024) + b"\r\n\r\n"
         answer = await raw_exchange(server.port, head)
         assert answer.startswith(b"HTTP/1.1 400"), answer[:100]
@@ -424,7 +436,9 @@ async def test_stalled_connections_are_dropped_and_hold_no_descriptors(
     monkeypatch.setattr(tool_server_module, "_HEAD_TIMEOUT", 1.0, raising=False)
     monkeypatch.setattr(tool_server_module, "_MAX_CONNECTIONS", 50, raising=False)
     process = psutil.Process()
-    async with ToolServer(port=0, log_level="WARNING") as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", approval_required=False, trust_all_clients=True
+    ) as server:
         before = process.num_fds()
         stalled: list[socket.socket] = []
         try:
@@ -485,7 +499,9 @@ async def test_argument_names_are_shown_escaped_where_the_schema_allows_any(host
         seen.append(request)
         await request.accept()
 
-    async with ToolServer(port=0, approval_required=True, log_level="WARNING") as server:
+    async with ToolServer(
+        port=0, approval_required=True, log_level="WARNING", trust_all_clients=True
+    ) as server:
         async with ApprovalClient(accept, port=server.port):
             runner = ToolRunner("hostile", {"url": hostile_url}, port=server.port)
             # Printed raw, the second name would erase the line and show only "safe=1".
@@ -499,7 +515,9 @@ async def test_argument_names_are_shown_escaped_where_the_schema_allows_any(host
 
 @pytest.mark.parametrize("tool", ["huge_json", "huge_sse"])
 async def test_a_huge_answer_is_refused_while_it_is_read(hostile_url: str, tool: str) -> None:
-    async with ToolServer(port=0, log_level="WARNING", max_result_size=MiB) as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", max_result_size=MiB, approval_required=False, trust_all_clients=True
+    ) as server:
         runner = ToolRunner("hostile", {"url": hostile_url}, port=server.port)
         with PeakRss() as rss:
             with pytest.raises(ToolRunnerError, match="byte limit") as info:
@@ -512,7 +530,9 @@ async def test_a_huge_answer_is_refused_while_it_is_read(hostile_url: str, tool:
 
 
 async def test_a_huge_answer_over_stdio_is_refused_while_it_is_read() -> None:
-    async with ToolServer(port=0, log_level="WARNING", max_result_size=MiB) as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", max_result_size=MiB, approval_required=False, trust_all_clients=True
+    ) as server:
         runner = ToolRunner("demo", DEMO, port=server.port)
         assert await runner.run("echo", {"text": "first"}) == "first"
         with PeakRss() as rss:
@@ -528,8 +548,10 @@ async def test_a_huge_answer_over_stdio_is_refused_while_it_is_read() -> None:
 async def test_an_answer_that_trickles_forever_is_abandoned(
     hostile_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_mcp, "_ANSWER_DEADLINE", 2.0, raising=False)
-    async with ToolServer(port=0, log_level="WARNING") as server:
+    monkeypatch.setattr(_mcp_transport, "_ANSWER_DEADLINE", 2.0, raising=False)
+    async with ToolServer(
+        port=0, log_level="WARNING", approval_required=False, trust_all_clients=True
+    ) as server:
         runner = ToolRunner("hostile", {"url": hostile_url}, port=server.port)
         with pytest.raises(ToolRunnerError, match="did not arrive whole within 2 s"):
             async with asyncio.timeout(120):

@@ -151,7 +151,7 @@ print(echo.run(echo.Params(text="still here")), len(blob.run_content(blob.Params
 
 async def test_a_tool_servers_own_limit_fails_a_larger_result_over_stdio_and_the_next_call_works() -> None:
     async with (
-        ToolServer(port=0, max_result_size=10_000) as server,
+        ToolServer(port=0, max_result_size=10_000, approval_required=False, trust_all_clients=True) as server,
         ToolRunner("demo", DEMO, port=server.port) as runner,
     ):
         with pytest.raises(

@@ -8,7 +8,7 @@ from typing import get_args
 import pytest
 
 from ipybox._wire import GatewayEnv, RunFields, ToolServerEnv
-from ipybox.app._tool_server import _RunRequest
+from ipybox.app._tool_calls import _RunRequest
 from ipybox.errors import ToolCallOutcome
 from ipybox.gateway._limits import KernelLimits
 from ipybox.kernel import _tool_client

@@ -17,6 +17,7 @@ in ``ipybox``)::
     ├── PolicyError               policy rules (objects or a policy file) are malformed
     ├── MCPServerError            an MCP server could not be started or failed a call
     │   └── AuthorizationError    an OAuth login is missing, revoked or expired, or failed
+    ├── ToolServerError           the tool server could not start serving
     ├── ToolRunnerError           a tool call was rejected, expired or failed
     ├── ShellEscapeRequiredError  cell code started a process where ``!`` is required
     ├── ApprovalError             approval could not be asked for or answered
@@ -27,7 +28,7 @@ in ``ipybox``)::
     ├── ApiGenerationError        a typed API could not be generated for an MCP server
     └── ToolSearchError           a tool search got bad input or found no usable index
 
-``GatewayError`` and ``KernelConnectionError`` are also ``RuntimeError`` and
+``GatewayError``, ``KernelConnectionError`` and ``ToolServerError`` are also ``RuntimeError`` and
 ``ServerParamsError``, ``ToolSearchError`` and ``PolicyError`` are also ``ValueError``, the approval errors are ``RuntimeError``
 (``ApprovalConnectionError`` is ``ConnectionError``), as the API reference documents.
 """
@@ -58,6 +59,7 @@ __all__ = [
     "ToolCallOutcome",
     "ToolRunnerError",
     "ToolSearchError",
+    "ToolServerError",
 ]
 
 
@@ -131,6 +133,10 @@ class AuthorizationError(MCPServerError):
     expired beyond refresh, or the authorization failed (a refused or forged callback, metadata
     of another origin, a token for another resource). The message says what to run, typically
     ``ipybox auth login NAME``; it never holds a token."""
+
+
+class ToolServerError(IpyboxError, RuntimeError):
+    """The tool server's HTTP server stopped before it was ready (the message says why)."""
 
 
 ToolCallOutcome = Literal["rejected", "expired", "failed"]

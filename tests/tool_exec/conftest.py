@@ -51,5 +51,7 @@ def filesystem_params(tmp_path: Path) -> dict[str, Any]:
 @pytest.fixture
 async def tool_server() -> AsyncIterator[ToolServer]:
     """A plain (trusted local use) tool server on a free port."""
-    async with ToolServer(port=0, log_level="WARNING") as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", approval_required=False, trust_all_clients=True
+    ) as server:
         yield server

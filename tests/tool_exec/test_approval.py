@@ -16,7 +16,9 @@ from ipybox.tool_exec.server import ToolServer
 
 @pytest.fixture
 async def approval_server() -> AsyncIterator[ToolServer]:
-    async with ToolServer(port=0, approval_required=True, approval_timeout=5, log_level="WARNING") as server:
+    async with ToolServer(
+        port=0, approval_required=True, approval_timeout=5, log_level="WARNING", trust_all_clients=True
+    ) as server:
         yield server
 
 
@@ -66,7 +68,7 @@ async def test_a_call_without_a_decision_expires(demo_params: dict[str, Any]) ->
         asked.set()
 
     async with ToolServer(
-        port=0, approval_required=True, approval_timeout=0.3, log_level="WARNING"
+        port=0, approval_required=True, approval_timeout=0.3, log_level="WARNING", trust_all_clients=True
     ) as server:
         async with ApprovalClient(ignore, port=server.port):
             runner = ToolRunner("demo", demo_params, port=server.port)

@@ -8,15 +8,19 @@ import stat
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ipybox.app._registry import ServerRegistry, default_registry_path
+from ipybox.app._registry import ServerRegistry, default_registry, default_registry_path
+from ipybox.mcp_apigen import generate_mcp_sources
+from ipybox.tool_exec.client import ToolRunner
+from ipybox.tool_exec.server import ToolServer
 
 
 def test_the_default_file_is_in_the_state_dir_named_by_the_environment(state_dir: Path) -> None:
     assert default_registry_path() == state_dir / "servers.json"
-    assert ServerRegistry().path == state_dir / "servers.json"
+    assert default_registry().path == state_dir / "servers.json"
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="XDG layout is the Linux default")
@@ -34,7 +38,7 @@ def test_registered_params_are_stored_as_given_with_placeholders_and_private_mod
     state_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("IPYBOX_T_SECRET", "do-not-store-me")
-    registry = ServerRegistry()
+    registry = default_registry()
     params = {"url": "https://x.example/mcp", "headers": {"Authorization": "Bearer ${IPYBOX_T_SECRET}"}}
     registry.register("remote", params)
     assert registry.lookup("remote") == params
@@ -46,7 +50,7 @@ def test_registered_params_are_stored_as_given_with_placeholders_and_private_mod
 
 
 def test_lookup_returns_none_for_unknown_servers_and_a_copy_for_known_ones() -> None:
-    registry = ServerRegistry()
+    registry = default_registry()
     assert registry.lookup("nothing") is None
     registry.register("a", {"command": "x", "args": ["1"]})
     found = registry.lookup("a")
@@ -56,12 +60,12 @@ def test_lookup_returns_none_for_unknown_servers_and_a_copy_for_known_ones() -> 
 
 
 def test_a_registration_by_another_process_is_found() -> None:
-    registry = ServerRegistry()
+    registry = default_registry()
     registry.register("first", {"command": "a"})
     assert registry.lookup("second") is None
     code = (
-        "from ipybox.app._registry import ServerRegistry\n"
-        "ServerRegistry().register('second', {'command': 'b'})\n"
+        "from ipybox.app._registry import default_registry\n"
+        "default_registry().register('second', {'command': 'b'})\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())
     assert registry.lookup("second") == {"command": "b"}
@@ -69,7 +73,7 @@ def test_a_registration_by_another_process_is_found() -> None:
 
 
 def test_re_registering_replaces_and_unregister_removes() -> None:
-    registry = ServerRegistry()
+    registry = default_registry()
     registry.register("a", {"command": "old"})
     registry.register("a", {"command": "new"})
     assert registry.lookup("a") == {"command": "new"}
@@ -84,11 +88,11 @@ def test_re_registering_replaces_and_unregister_removes() -> None:
 )
 def test_bad_registrations_are_refused(name: str, params: object) -> None:
     with pytest.raises(ValueError):
-        ServerRegistry().register(name, params)  # type: ignore[arg-type]
+        default_registry().register(name, params)  # type: ignore[arg-type]
 
 
 def test_a_scope_sees_only_servers_whose_api_lies_in_it(tmp_path: Path) -> None:
-    registry = ServerRegistry()
+    registry = default_registry()
     one, two = tmp_path / "one", tmp_path / "two"
     registry.register("a", {"command": "in-one"}, one / "mcptools")
     registry.register("a", {"command": "in-two"}, two / "mcptools")
@@ -108,3 +112,15 @@ def test_a_scope_sees_only_servers_whose_api_lies_in_it(tmp_path: Path) -> None:
     assert registry.lookup("a") == {"command": "in-two"}
     registry.unregister("a", two / "mcptools")
     assert registry.lookup("a", two) is None and registry.lookup("a") == {"command": "in-one"}
+
+
+async def test_a_registry_passed_in_is_where_servers_are_recorded_and_looked_up(
+    tmp_path: Path, demo_params: dict[str, Any]
+) -> None:
+    own = ServerRegistry(tmp_path / "own" / "servers.json")
+    await generate_mcp_sources("demo", demo_params, tmp_path / "api", registry=own)
+    assert own.lookup("demo") == demo_params
+    assert default_registry().lookup("demo") is None
+    async with ToolServer(registry=own, approval_required=False, log_level="WARNING") as server:
+        runner = ToolRunner("demo", {}, port=server.port, token=server.token)
+        assert await runner.run("echo", {"text": "hi"}) == "hi"

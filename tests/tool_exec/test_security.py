@@ -25,7 +25,7 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
-from ipybox.app._registry import ServerRegistry
+from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.kernel import _tool_client as client_module
 from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError, run_tool
@@ -39,7 +39,7 @@ SECRET = "approval-secret-9876543210"
 
 @pytest.fixture
 def registry(demo_params: dict[str, Any]) -> ServerRegistry:
-    registry = ServerRegistry()
+    registry = default_registry()
     registry.register("demo", demo_params)
     return registry
 
@@ -140,8 +140,8 @@ async def test_s1_a_server_registered_by_another_process_is_found(
 ) -> None:
     code = (
         "import sys\n"
-        "from ipybox.app._registry import ServerRegistry\n"
-        "ServerRegistry().register('late', {'command': sys.executable, 'args': [sys.argv[1]]})\n"
+        "from ipybox.app._registry import default_registry\n"
+        "default_registry().register('late', {'command': sys.executable, 'args': [sys.argv[1]]})\n"
     )
     demo = DEMO_SERVER
     process = await asyncio.create_subprocess_exec(sys.executable, "-c", code, str(demo))
@@ -300,7 +300,9 @@ async def test_s3_placeholders_reach_the_mcp_server_but_never_the_registry_file(
     monkeypatch.setenv("IPYBOX_T_API_KEY", "sk-live-secret-value")
     registry.register("keyed", {**demo_params, "env": {"API_KEY": "${IPYBOX_T_API_KEY}"}})
     assert "sk-live-secret-value" not in registry.path.read_text()
-    async with ToolServer(port=0, log_level="WARNING", registry=registry, token=TOKEN) as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", registry=registry, token=TOKEN, approval_required=False
+    ) as server:
         runner = ToolRunner("keyed", {}, port=server.port, token=TOKEN)
         assert await runner.run("getenv", {"name": "API_KEY"}) == "sk-live-secret-value"
 
@@ -308,7 +310,9 @@ async def test_s3_placeholders_reach_the_mcp_server_but_never_the_registry_file(
 async def test_run_tool_finds_the_tool_server_through_the_kernel_environment(
     registry: ServerRegistry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with ToolServer(port=0, log_level="WARNING", registry=registry, token=TOKEN) as server:
+    async with ToolServer(
+        port=0, log_level="WARNING", registry=registry, token=TOKEN, approval_required=False
+    ) as server:
         monkeypatch.setenv("TOOL_SERVER_HOST", "localhost")
         monkeypatch.setenv("TOOL_SERVER_PORT", str(server.port))
         monkeypatch.setenv("TOOL_SERVER_TOKEN", TOKEN)
@@ -335,3 +339,34 @@ def test_the_kernel_side_client_imports_only_the_standard_library() -> None:
     )
     output = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert output.strip() == "[]"
+
+
+async def test_a_default_tool_server_refuses_clients_without_its_token_and_requests_naming_their_own_server(
+    registry: ServerRegistry, tmp_path: Path
+) -> None:
+    # A local process that is not the application: it has no token, and a server of its own to run.
+    marker = tmp_path / "pwned"
+    hostile = {"command": sys.executable, "args": ["-c", f"open({str(marker)!r}, 'w')"]}
+    async with ToolServer(log_level="WARNING") as server:
+        assert server.port != 8900 and server.token and server.approval_secret
+        with pytest.raises(ToolRunnerError, match="token"):
+            await ToolRunner("demo", {}, port=server.port).run("echo", {"text": "x"})
+        with pytest.raises(ToolRunnerError, match="cannot supply server_params"):
+            await ToolRunner("evil", hostile, port=server.port, token=server.token).run("x", {})
+        # Registered and with the token: still nothing runs without the application's approval.
+        with pytest.raises(ToolRunnerError, match="approval client is not connected"):
+            await ToolRunner("demo", {}, port=server.port, token=server.token).run("echo", {"text": "x"})
+    assert not marker.exists()
+
+
+async def test_a_default_tool_server_runs_a_registered_server_once_the_application_approves(
+    registry: ServerRegistry,
+) -> None:
+    async def accept(request: ApprovalRequest) -> None:
+        await request.accept()
+
+    async with ToolServer(log_level="WARNING") as server:
+        assert server.approval_secret is not None
+        async with ApprovalClient(accept, port=server.port, secret=server.approval_secret):
+            runner = ToolRunner("demo", {}, port=server.port, token=server.token)
+            assert await runner.run("echo", {"text": "hi"}) == "hi"

@@ -17,7 +17,7 @@ import httpx2
 import pytest
 from pydantic import BaseModel
 
-from ipybox.app._registry import ServerRegistry
+from ipybox.app._registry import default_registry
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer
 from tests.conftest import DEMO_SERVER
@@ -33,7 +33,7 @@ async def test_status_answers_ok_on_the_bound_port(tool_server: ToolServer) -> N
 
 
 async def test_starting_twice_raises_and_stop_is_idempotent() -> None:
-    server = ToolServer(port=0, log_level="WARNING")
+    server = ToolServer(port=0, log_level="WARNING", approval_required=False, trust_all_clients=True)
     await server.start()
     with pytest.raises(RuntimeError, match="already running"):
         await server.start()
@@ -44,7 +44,9 @@ async def test_starting_twice_raises_and_stop_is_idempotent() -> None:
 
 async def test_a_port_in_use_fails_the_start(tool_server: ToolServer) -> None:
     with pytest.raises(OSError):
-        await ToolServer(port=tool_server.port, log_level="WARNING").start()
+        await ToolServer(
+            port=tool_server.port, log_level="WARNING", approval_required=False, trust_all_clients=True
+        ).start()
 
 
 async def test_run_and_run_sync_return_text_and_structured_results(
@@ -160,7 +162,7 @@ async def test_stop_leaves_no_child_processes(
     demo_params: dict[str, Any], time_params: dict[str, Any]
 ) -> None:
     before = descendants()
-    server = ToolServer(port=0, log_level="WARNING")
+    server = ToolServer(port=0, log_level="WARNING", approval_required=False, trust_all_clients=True)
     await server.start()
     await ToolRunner("demo", demo_params, port=server.port).run("echo", {"text": "x"})
     await ToolRunner("time", time_params, port=server.port).run("get_current_time", {"timezone": "UTC"})
@@ -228,14 +230,14 @@ async def test_an_unreachable_tool_server_is_a_failed_tool_runner_error(tool_ser
 
 
 async def test_run_sync_reconnects_when_its_kept_connection_went_stale(demo_params: dict[str, Any]) -> None:
-    server = ToolServer(port=0, log_level="WARNING")
+    server = ToolServer(port=0, log_level="WARNING", approval_required=False, trust_all_clients=True)
     await server.start()
     port = server.port
     runner = ToolRunner("demo", demo_params, port=port)
     try:
         assert await asyncio.to_thread(runner.run_sync, "echo", {"text": "before"}) == "before"
         await server.stop()  # closes the kept connection from the server's side
-        server = ToolServer(port=port, log_level="WARNING")
+        server = ToolServer(port=port, log_level="WARNING", approval_required=False, trust_all_clients=True)
         await server.start()
         assert await asyncio.to_thread(runner.run_sync, "echo", {"text": "after"}) == "after"
     finally:
@@ -285,7 +287,7 @@ async def test_run_sync_reads_chunked_answers_and_can_go_through_a_proxy() -> No
 async def test_a_plain_tool_server_runs_generated_code_from_the_default_registry(
     tool_server: ToolServer, demo_params: dict[str, Any]
 ) -> None:
-    ServerRegistry().register("demo", demo_params)  # what generate_mcp_sources records
+    default_registry().register("demo", demo_params)  # what generate_mcp_sources records
     generated_call = ToolRunner("demo", {}, port=tool_server.port)  # generated code sends no server_params
     assert await generated_call.run("echo", {"text": "from the registry"}) == "from the registry"
 
@@ -302,7 +304,10 @@ async def test_tool_servers_log_through_the_applications_handlers_and_configure_
     caplog.set_level(logging.INFO)
     watched = [logging.getLogger(name) for name in ("ipybox", "ipybox.tool_exec", "uvicorn.error")]
     before = [(log.handlers[:], log.propagate, log.level) for log in watched]
-    async with ToolServer(port=0, log_to_stderr=True) as one, ToolServer(port=0, log_to_stderr=False) as two:
+    async with (
+        ToolServer(port=0, log_to_stderr=True, approval_required=False, trust_all_clients=True) as one,
+        ToolServer(port=0, log_to_stderr=False, approval_required=False, trust_all_clients=True) as two,
+    ):
         pass
     listening = [r.getMessage() for r in caplog.records if r.name == "ipybox.tool_exec.server"]
     assert f"Tool server listening on localhost:{one.port}" in listening
@@ -314,7 +319,7 @@ def test_log_to_stderr_shows_records_where_the_application_configured_no_logging
     code = (
         "import asyncio\nfrom ipybox.tool_exec.server import ToolServer\n"
         "async def main():\n"
-        "    async with ToolServer(port=0, log_to_stderr=True):\n"
+        "    async with ToolServer(port=0, log_to_stderr=True, approval_required=False, trust_all_clients=True):\n"
         "        pass\n"
         "asyncio.run(main())\n"
     )

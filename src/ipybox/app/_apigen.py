@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from ipybox.app import _codegen, _confined, _search_index
+from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.errors import ApiGenerationError, ServerParamsError
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ async def generate_mcp_sources(
     root_dir: Path | str,
     *,
     connect_timeout: float = 30,
+    registry: ServerRegistry | None = None,
 ) -> list[str]:
     """Generate a typed Python tool API for an MCP server.
 
@@ -70,6 +72,8 @@ async def generate_mcp_sources(
             in it are walked without following symbolic links (kernel code may write there), so
             ``root_dir`` itself must not be a link; its parent is taken as given.
         connect_timeout: Seconds the server has to start and answer the listing.
+        registry: The trusted registry to record the server in; by default this user's
+            (``default_registry()``), which a ``CodeExecutor`` given none reads too.
 
     Returns:
         The names of the generated tool modules, sorted (``[]`` if the server has no tools).
@@ -88,11 +92,12 @@ async def generate_mcp_sources(
         )
     # Imported on first use: the MCP SDK is a heavy import, and `import ipybox` stays cheap.
     from ipybox.app._mcp import list_tools
-    from ipybox.app._registry import ServerRegistry
 
     tools = await list_tools(server_name, server_params, connect_timeout=connect_timeout)
+    if registry is None:
+        registry = default_registry()
     try:
-        await anyio.to_thread.run_sync(ServerRegistry().register, server_name, server_params, Path(root_dir))
+        await anyio.to_thread.run_sync(registry.register, server_name, server_params, Path(root_dir))
     except OSError as exc:
         raise ApiGenerationError(
             f"Could not record MCP server {server_name!r} in the tool server's registry: {exc}"

@@ -318,7 +318,7 @@ class ApprovalClient:
     async def _handle(self, request: ApprovalRequest) -> None:
         try:
             await self.callback(request)
-        except Exception:
+        except Exception:  # broad: the application's callback may fail in any way; the call is rejected
             logger.exception("The approval callback failed for %s; the request is rejected.", request)
             if not request.decided:
                 try:

@@ -27,7 +27,7 @@ from ipybox.app._gate import Gate
 from ipybox.app._gateway import KernelGateway
 from ipybox.app._kernel_client import ExecutionResult, KernelClient
 from ipybox.app._policy import Policy
-from ipybox.app._registry import ServerRegistry
+from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 
 if TYPE_CHECKING:
@@ -160,6 +160,9 @@ class CodeExecutor:
             user's state folder, hidden from a sandboxed kernel; ``ipybox audit`` shows it), or
             ``False`` for no record. A path puts the database there instead (outside any folder
             the kernel can reach).
+        registry: The trusted registry of MCP servers the tool server may run (by default this
+            user's, ``default_registry()``, found once here); pass the same one to
+            ``generate_mcp_sources``. With ``sandbox=True`` the kernel can never write its folder.
     """
 
     def __init__(
@@ -188,6 +191,7 @@ class CodeExecutor:
         tracing: Any = False,
         policy: Policy | None = None,
         audit: bool | Path = False,
+        registry: ServerRegistry | None = None,
     ) -> None:
         if sandbox_config is not None and not sandbox:
             raise ValueError(
@@ -228,6 +232,8 @@ class CodeExecutor:
         # The id of the current session (each start() begins one) in the audit trail.
         self.session_id = ""
         self._audit_trail: AuditTrail | None = None
+
+        self.registry = registry if registry is not None else default_registry()
         self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
         self._tool_server: ToolServer | None = None
         self._kernel: KernelClient | None = None
@@ -280,9 +286,7 @@ class CodeExecutor:
             raise RuntimeError("The code executor is already started; call stop() first.")
         # .env of the working directory is read when an MCP server starts (app._params),
         # not copied into this process's environment.
-        token = secrets.token_urlsafe(32)
         gateway_token = secrets.token_urlsafe(32)
-        approval_secret = secrets.token_urlsafe(32)
         async with AsyncExitStack() as stack:
             trail = self._open_audit()
             if trail is not None:
@@ -295,15 +299,12 @@ class CodeExecutor:
             tool_server = ToolServer(
                 host=self.tool_server_host,
                 port=self.tool_server_port or 0,
-                approval_required=True,
                 approval_timeout=self.approval_timeout,
                 connect_timeout=self.connect_timeout,
                 log_level=self.log_level,
                 log_to_stderr=True,
-                registry=ServerRegistry(),
+                registry=self.registry,
                 scope=self.working_dir or Path.cwd().resolve(),
-                token=token,
-                approval_secret=approval_secret,
                 approve_tool_calls=self.approve_tool_calls,
                 max_result_size=self.max_result_size,
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
@@ -319,7 +320,7 @@ class CodeExecutor:
             address = ToolServerEnv(
                 host=self.tool_server_host,
                 port=tool_server.port,
-                token=token,
+                token=tool_server.token,
                 socket=str(tool_server.uds) if tool_server.uds is not None else None,
             )
             kernel_env = {**self._kernel_settings(), **address.to_env()}
@@ -335,6 +336,7 @@ class CodeExecutor:
                 memory_limit=self.memory_limit,
                 max_processes=self.max_processes,
                 sandbox_hidden=(*self.sandbox_hidden, *([trail.path.parent] if trail is not None else [])),
+                registry_dir=self.registry.path.parent,
             )
             await stack.enter_async_context(gateway)
             tool_server.kernel_writable = gateway.kernel_writable
@@ -352,7 +354,7 @@ class CodeExecutor:
                 callback=self._on_approval_request,
                 host=self.tool_server_host,
                 port=tool_server.port,
-                secret=approval_secret,
+                secret=tool_server.approval_secret,
             )
             await stack.enter_async_context(approval)
             self._tool_server, self._kernel, self._gateway = tool_server, kernel, gateway
@@ -576,7 +578,7 @@ class CodeExecutor:
                 self._tool_server.shell_runner = gateway.shell_runner() if self._exec_wall else None
             kernel.port = gateway.port
             await kernel.connect()
-        except Exception as error:
+        except Exception as error:  # broad: any failure of the restart is reported in the cell's error
             return (
                 "The kernel gateway died while running the code, and starting a new one failed "
                 f"({error}); stop() and start() the executor to try again."

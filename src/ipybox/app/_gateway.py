@@ -77,6 +77,8 @@ class KernelGateway:
             process it starts included; ``None``: no limit.
         sandbox_hidden: Folders a sandboxed kernel can neither read nor write, whatever
             `sandbox_config` says, except `working_dir` when it lies inside one.
+        registry_dir: The folder of the trusted registry, which a sandboxed kernel can never
+            write (``None``: that of this user's registry).
     """
 
     def __init__(
@@ -94,6 +96,7 @@ class KernelGateway:
         memory_limit: int | str | None = None,
         max_processes: int | None = None,
         sandbox_hidden: tuple[Path, ...] = (),
+        registry_dir: Path | None = None,
     ) -> None:
         if sandbox_config is not None and not sandbox:
             raise ValueError(
@@ -110,6 +113,7 @@ class KernelGateway:
         self.host = host
         self.working_dir = Path(working_dir or Path.cwd()).resolve()
         self.sandbox_hidden = tuple(Path(folder).resolve() for folder in sandbox_hidden)
+        self.registry_dir = registry_dir if registry_dir is not None else default_registry_path().parent
         self.auth_token = auth_token
         self.port = port or 0
         self.sandbox = sandbox
@@ -443,7 +447,7 @@ class KernelGateway:
         # check, whose private folder is `tmp`; each kernel runs under a copy whose private folder is
         # its own, in `runtime` (_kernel_launch).
         private = [tmp]
-        registry_dir = default_registry_path().parent
+        registry_dir = self.registry_dir
         # A folder that does not exist cannot be protected: srt skips it, and the kernel could create it.
         registry_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         socket = self.env.get(ToolServerEnv.SOCKET)
@@ -527,6 +531,7 @@ class KernelGateway:
         async with httpx2.AsyncClient(timeout=1.0, headers=headers) as http:
             while True:
                 if process.returncode is not None or (self._reader is not None and self._reader.done()):
+                    # Broad: the gateway is already gone; its exit code and output are read below.
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(process.wait(), 2)
                     if self._reader is not None:

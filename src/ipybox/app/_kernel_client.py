@@ -300,7 +300,7 @@ class KernelClient:
         if spare is not None:
             try:
                 new = await spare
-            except Exception:
+            except Exception:  # broad: a spare kernel that failed to start is replaced by a new one below
                 new = None
         if new is None or new.dead:
             if new is not None:
@@ -611,6 +611,7 @@ class KernelClient:
                     "protocol; use jupyter-kernel-gateway 3 or later."
                 )
         except BaseException:
+            # Broad: cleanup on the way out of a failure that is re-raised.
             with contextlib.suppress(Exception):
                 await self._http.delete(f"/api/kernels/{kernel_id}")
             raise
@@ -621,6 +622,7 @@ class KernelClient:
     async def _close_kernel(self, kernel: _Kernel, shutdown: bool = True) -> None:
         if kernel.receiver is not None:
             kernel.receiver.cancel()
+        # Broad: a connection that is already broken closes with errors of its own.
         with contextlib.suppress(Exception):
             await kernel.ws.close()
         if shutdown and self._http is not None:
@@ -648,7 +650,7 @@ class KernelClient:
                     "large at once, e.g. one print of it), so ipybox closed its connection to the kernel and "
                     "the kernel's state is lost; print less at once (write large data to a file instead)."
                 )
-        except Exception:
+        except Exception:  # broad: see below
             # Without the router no execution can finish: report the kernel as lost.
             logger.exception("Unreadable message from kernel %s; treating it as dead.", kernel.id)
         finally:

@@ -9,38 +9,35 @@ This module is never imported inside a kernel.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import json
 import logging
 import math
 import os
-import re
 import shutil
-import sys
 import tempfile
-import threading
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from pathlib import Path
-from types import TracebackType
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
 import httpx2
-from anyio.streams.memory import MemoryObjectSendStream
 from mcp.client import Client
-from mcp.client import stdio as sdk_stdio
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
-from mcp.os.win32.utilities import ServerProcess
 from mcp.shared.exceptions import MCPError
 from mcp.types import CallToolResult, TextContent, Tool
 from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
 from ipybox._infra import kill_tree
-from ipybox._wire import McpServerEnv
+from ipybox.app._mcp_stdio import (
+    _SESSION_MARKER_ENV,
+    _find_process_group,
+    _ServerStderr,
+    _stdio_transport,
+    resolve_command,
+    server_environment,
+)
+from ipybox.app._mcp_transport import _bounded_client, _EnteredTransport, _EofWatchingStream, _streamable_http
 from ipybox.app._oauth import OAuthConnection, oauth_connection
 from ipybox.app._params import HttpParams, StdioParams, resolve_params
 from ipybox.errors import MCPServerError
@@ -49,188 +46,12 @@ __all__ = ["MCPSession", "list_tools"]
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.tool_exec._mcp")
-
-# Marks a stdio server's process so the session can find its process group afterwards.
-_SESSION_MARKER_ENV = McpServerEnv.SESSION
 _GROUP_KILL_GRACE = 2.0
-_HTTP_TIMEOUT = 30.0
-_HTTP_READ_TIMEOUT = 300.0
 _END_REASON_WAIT = 1.0
-# What a stdio server's error names of its stderr: the last lines, each cut to a length.
-_STDERR_TAIL_LINES = 20
-_STDERR_LINE_CHARS = 500
-_STDERR_EOF_WAIT = 1.0
-
-# What a stdio server gets of this process's environment, besides its own ``env`` and what the
-# MCP SDK passes (HOME, LOGNAME, PATH, SHELL, TERM, USER): what it needs to reach the network,
-# download its package and read and write text as in the user's own shell. Nothing else passes:
-# API keys and tokens reach a server only when its ``env`` names them (``"${VAR}"``).
-_PASSED_ENV = frozenset(
-    {
-        # certificates of a custom CA or a TLS-intercepting proxy
-        "SSL_CERT_FILE",
-        "SSL_CERT_DIR",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "NODE_EXTRA_CA_CERTS",
-        "PIP_CERT",
-        "UV_NATIVE_TLS",
-        # proxies, both spellings
-        *(
-            name
-            for base in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY")
-            for name in (base, base.lower())
-        ),
-        # package indexes, for servers that download themselves (uvx, npx)
-        "UV_INDEX_URL",
-        "UV_DEFAULT_INDEX",
-        "UV_INDEX",
-        "UV_EXTRA_INDEX_URL",
-        "PIP_INDEX_URL",
-        "PIP_EXTRA_INDEX_URL",
-        "NPM_CONFIG_REGISTRY",
-        "npm_config_registry",
-        # where temporary files and caches go
-        "TMPDIR",
-        "XDG_CACHE_HOME",
-        "XDG_CONFIG_HOME",
-        "XDG_DATA_HOME",
-        "XDG_STATE_HOME",
-        "UV_CACHE_DIR",
-        "UV_TOOL_DIR",
-        "UV_PYTHON_INSTALL_DIR",
-        "NPM_CONFIG_CACHE",
-        "npm_config_cache",
-        # language and time
-        "LANG",
-        "LANGUAGE",
-        "TZ",
-    }
-)
 
 # A tool result of the tool server's default limit (32 MiB) fits, with room for the JSON-RPC
 # envelope; the tool server checks its own limit once the result has arrived.
 DEFAULT_MAX_MESSAGE_SIZE = 33 * 1024 * 1024
-# An HTTP server's answer must arrive whole within this many seconds (a JSON answer, or one
-# event of an event stream), however slowly it trickles.
-_ANSWER_DEADLINE = 300.0
-
-
-class _AnswerTooLarge(httpx2.StreamError, httpx2.SSEError):
-    """An HTTP answer over the size limit or past its deadline, raised while it is read.
-
-    Both a ``StreamError`` (the SDK fails that one JSON answer's request with it) and an
-    ``SSEError`` (the SDK fails the request whose event stream it was).
-    """
-
-
-class _BoundedStream(httpx2.AsyncByteStream):
-    """An HTTP answer's body, read with a size limit and a deadline while it arrives.
-
-    A JSON answer is bounded as a whole; an event stream per event (an event ends at a blank
-    line), so a stream that stays open for many events is not cut off.
-    """
-
-    def __init__(self, inner: Any, limit: int | None, events: bool) -> None:
-        self._inner = inner
-        self._limit = limit
-        self._events = events
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        size = 0
-        started: float | None = None if self._events else anyio.current_time()
-        tail = b""
-        chunks = aiter(self._inner)
-        while True:
-            if started is None:
-                chunk = await anext(chunks, None)
-            else:
-                remaining = started + _ANSWER_DEADLINE - anyio.current_time()
-                with anyio.move_on_after(remaining) as scope:
-                    chunk = await anext(chunks, None)
-                if scope.cancelled_caught:
-                    raise _AnswerTooLarge(
-                        f"the answer did not arrive whole within {_ANSWER_DEADLINE:g} s (it trickled), so it "
-                        "was abandoned"
-                    )
-            if chunk is None:
-                return
-            size += len(chunk)
-            if self._events:
-                joined = tail + chunk
-                end = max(joined.rfind(b"\n\n") + 2, joined.rfind(b"\r\r") + 2, joined.rfind(b"\r\n\r\n") + 4)
-                if end > 1:
-                    size = len(joined) - end
-                tail = joined[-3:]
-                started = (started or anyio.current_time()) if size else None
-            if self._limit is not None and size > self._limit:
-                raise _AnswerTooLarge(
-                    f"the answer is over the byte limit of {self._limit} bytes per message (the tool server's "
-                    "max_result_size plus 1 MiB), so it was not read further"
-                )
-            yield chunk
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-def _bounded_client(
-    limit: int | None,
-    headers: Mapping[str, str] | None = None,
-    timeout: httpx2.Timeout | None = None,
-    auth: httpx2.Auth | None = None,
-) -> httpx2.AsyncClient:
-    """An HTTP client for MCP whose every answer is read through `_BoundedStream`."""
-
-    async def bound(response: httpx2.Response) -> None:
-        events = response.headers.get("content-type", "").lower().startswith("text/event-stream")
-        response.stream = _BoundedStream(response.stream, limit, events)
-
-    return httpx2.AsyncClient(
-        headers=dict(headers or {}),
-        timeout=timeout or httpx2.Timeout(_HTTP_TIMEOUT, read=_HTTP_READ_TIMEOUT),
-        auth=auth,
-        event_hooks={"response": [bound]},
-    )
-
-
-class _EofWatchingStream:
-    """Wraps a transport's read stream and reports when the server side has gone away."""
-
-    def __init__(self, inner: Any, on_eof: Any) -> None:
-        self._inner = inner
-        self._on_eof = on_eof
-
-    def __getattr__(self, name: str) -> Any:
-        # Forwards ``last_context`` and whatever else the SDK reads off its own streams.
-        return getattr(self._inner, name)
-
-    async def receive(self) -> Any:
-        try:
-            return await self._inner.receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            self._on_eof()
-            raise
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-    def __aiter__(self) -> _EofWatchingStream:
-        return self
-
-    async def __anext__(self) -> Any:
-        try:
-            return await self.receive()
-        except anyio.EndOfStream:
-            raise StopAsyncIteration from None
-
-    async def __aenter__(self) -> _EofWatchingStream:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 class MCPSession:
@@ -310,7 +131,8 @@ class MCPSession:
             self._connect_scope.cancel()
         owner = self._owner
         if owner is not None and not owner.done():
-            # Shielded so that a cancelled caller still waits for the process to be gone.
+            # Shielded so that a cancelled caller still waits for the process to be gone; broad:
+            # the owner task reported its end already (to start() or the calls in flight).
             with contextlib.suppress(Exception):
                 await asyncio.shield(owner)
 
@@ -347,7 +169,7 @@ class MCPSession:
         client = self._connected(tool_name)
         try:
             result = await client.call_tool(tool_name, tool_args)
-        except Exception as exc:
+        except Exception as exc:  # broad: the boundary to the SDK; _translate makes it an MCPServerError
             error = self._translate(exc, tool_name)
             if self._broken and self._end_error is None and self._owner is not None:
                 # The connection broke: the owner task is ending with the reason (e.g. a message
@@ -383,7 +205,7 @@ class MCPSession:
                 cursor = page.next_cursor
                 if not cursor:
                     return tools
-        except Exception as exc:
+        except Exception as exc:  # broad: the boundary to the SDK; _translate makes it an MCPServerError
             raise self._translate(exc, "") from exc
 
     def _connected(self, tool_name: str) -> Client:
@@ -404,8 +226,12 @@ class MCPSession:
         if self._oauth is not None and (refused := self._oauth.explain(exc)) is not None:
             self._mark_broken()
             return refused
+        # Read from the text, the one exception to that rule: the MCP SDK turns the transport's
+        # refusal of an answer over the size limit (ours, _AnswerTooLarge and _bounded_stdio's,
+        # or httpx2's SSEError) into an MCPError carrying only its text, with the code of a closed
+        # connection for an event stream. "byte limit" is in each of those texts.
         if isinstance(exc, MCPError) and "byte limit" in exc.message:
-            # Streamable HTTP: one answer was over the SSE event limit; the session is fine.
+            # One answer was over the limit; the session is fine.
             return MCPServerError(
                 f"MCP server {self.server_name!r} answered {_what(tool_name)} with a message too large to "
                 f"receive: {exc.message}{_size_hint(exc)}.",
@@ -473,7 +299,7 @@ class MCPSession:
                 # -32022, and gets a second connection negotiated by the SDK.
                 try:
                     await self._connect_and_serve("legacy", ready)
-                except Exception as exc:
+                except Exception as exc:  # broad: the refusal may come wrapped in an exception group
                     refusal = _find_mcp_error(exc)
                     if ready.done() or refusal is None or refusal.code != UNSUPPORTED_PROTOCOL_VERSION:
                         raise
@@ -488,7 +314,7 @@ class MCPSession:
                         self.server_name,
                     ),
                 )
-        except Exception as exc:
+        except Exception as exc:  # broad: the boundary to the SDK and the server's process; reported below
             refused = self._oauth.explain(exc) if self._oauth is not None else None
             if not ready.done() and refused is not None:
                 _fail(ready, refused)
@@ -600,303 +426,13 @@ class MCPSession:
         return self._oauth.auth
 
 
-def server_environment() -> dict[str, str]:
-    """The variables of this process's environment that a stdio MCP server gets besides its own ``env``.
-
-    The MCP SDK adds ``HOME``, ``LOGNAME``, ``PATH``, ``SHELL``, ``TERM`` and ``USER``; see
-    ``_PASSED_ENV`` for the rest (certificates, proxies, package indexes, caches, locale).
-    """
-    return {
-        name: value
-        for name, value in os.environ.items()
-        if (name in _PASSED_ENV or name.startswith("LC_")) and not value.startswith("()")
-    }
-
-
-def resolve_command(command: str, path: str) -> str:
-    """Find a stdio server's command as its process will, or in the per-user folders installers use.
-
-    A bare name is looked up in ``path`` (the ``PATH`` the server gets); when it is not there,
-    in ``$XDG_BIN_HOME``, ``~/.local/bin`` and ``~/.cargo/bin``, where ``scripts/setup.sh`` and
-    uv's and pipx's installers put commands (``uv``, ``uvx``) but where an application started
-    from a desktop or a service often has no ``PATH``. A command with a folder in it is left as is.
-
-    Raises:
-        FileNotFoundError: The command is in none of these folders; the message names them.
-    """
-    if os.sep in command or (os.altsep and os.altsep in command):
-        return command
-    if shutil.which(command, path=path) is not None:
-        return command
-    extra = [str(folder) for folder in _user_bin_folders()]
-    found = shutil.which(command, path=os.pathsep.join(extra))
-    if found is not None:
-        return found
-    searched = [entry for entry in path.split(os.pathsep) if entry] + extra
-    raise FileNotFoundError(
-        f"the command {command!r} was not found; searched {', '.join(searched) or '(an empty PATH)'}. "
-        "Install it, give its full path as 'command', or add its folder to PATH "
-        "(in the environment of the process that starts the server, or in the server's 'env')"
-    )
-
-
-def _user_bin_folders() -> list[Path]:
-    folders = []
-    if os.environ.get("XDG_BIN_HOME"):
-        folders.append(Path(os.environ["XDG_BIN_HOME"]))
-    home = Path.home()
-    folders += [home / ".local" / "bin", home / ".cargo" / "bin"]
-    return folders
-
-
-class _ServerStderr:
-    """The stderr of a stdio server: passed on to this process's stderr, its last lines kept.
-
-    The MCP SDK reports a server that exits during start-up only as a closed connection; the
-    lines kept here (and its exit code) are what tells the user why. A thread pumps the pipe, so
-    a server writing much stderr waits on our stderr as before, never on the event loop.
-    """
-
-    def __init__(self, secrets: tuple[str, ...] = ()) -> None:
-        self._secrets = secrets
-        read_fd, write_fd = os.pipe()
-        # Handed to the SDK as ``errlog``; closed once the server has been started.
-        self.writer = os.fdopen(write_fd, "w")
-        self.process: Any = None
-        self._tail: collections.deque[str] = collections.deque(maxlen=_STDERR_TAIL_LINES)
-        self._thread = threading.Thread(
-            target=self._pump, args=(read_fd,), name="mcp-server-stderr", daemon=True
-        )
-        self._thread.start()
-
-    def _pump(self, read_fd: int) -> None:
-        try:
-            target: int | None = sys.stderr.fileno()
-        except (AttributeError, OSError, ValueError):
-            target = None
-        partial = b""
-        with open(read_fd, "rb", buffering=0) as pipe:
-            while chunk := pipe.read(65536):
-                if target is not None:
-                    with contextlib.suppress(OSError):
-                        os.write(target, chunk)
-                *lines, partial = (partial + chunk).split(b"\n")
-                partial = partial[-_STDERR_LINE_CHARS * 4 :]
-                self._tail.extend(self._clip(line) for line in lines if line.strip())
-        if partial.strip():
-            self._tail.append(self._clip(partial))
-
-    def _clip(self, line: bytes) -> str:
-        text = line.decode(errors="replace").rstrip()
-        # The message may reach the kernel: values of ${VAR} placeholders never do (S3).
-        for secret in self._secrets:
-            text = text.replace(secret, "***")
-        return text if len(text) <= _STDERR_LINE_CHARS else text[:_STDERR_LINE_CHARS] + " ..."
-
-    async def describe(self, exited: bool) -> str:
-        """Say how the server ended (when ``exited``) and what it last wrote to stderr."""
-        await asyncio.to_thread(self._thread.join, _STDERR_EOF_WAIT)
-        parts = []
-        code = getattr(self.process, "returncode", None)
-        if exited and code is not None:
-            parts.append(f"it exited with code {code}" if code >= 0 else f"it was ended by signal {-code}")
-        if self._tail:
-            lines = "\n".join(f"  {line}" for line in self._tail)
-            parts.append(f"its last lines on stderr:\n{lines}")
-        elif exited and code is not None:
-            parts.append("it wrote nothing to stderr")
-        return "; ".join(parts)
-
-
-@contextlib.asynccontextmanager
-async def _stdio_transport(
-    server: StdioServerParameters, stderr: _ServerStderr, max_message_size: int | None
-) -> AsyncIterator[Any]:
-    try:
-        async with _bounded_stdio(server, max_message_size, stderr) as streams:
-            yield streams
-    finally:
-        stderr.writer.close()
-
-
-class _EnteredTransport(contextlib.AbstractAsyncContextManager[Any]):
-    """Hands streams of a transport that the session entered itself to the SDK ``Client``."""
-
-    def __init__(self, streams: tuple[Any, Any]) -> None:
-        self._streams = streams
-
-    async def __aenter__(self) -> tuple[Any, Any]:
-        return self._streams
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        return None
-
-
-@contextlib.asynccontextmanager
-async def _streamable_http(
-    url: str, headers: Mapping[str, str], max_message_size: int | None, auth: httpx2.Auth | None = None
-) -> AsyncIterator[Any]:
-    # The MCP SDK's own timeouts (a server may hold a response stream open for minutes), and
-    # every answer read with the message size limit and a deadline.
-    async with _bounded_client(max_message_size, headers, auth=auth) as http_client:
-        async with streamable_http_client(
-            url, http_client=http_client, max_sse_event_size=max_message_size
-        ) as streams:
-            yield streams
-
-
-# The id of a JSON-RPC answer that names it before its result or error (as the SDKs write them).
-_ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d+|"[^"\\]*")')
-
-
-@contextlib.asynccontextmanager
-async def _bounded_stdio(
-    server: StdioServerParameters, max_message_size: int | None, stderr: _ServerStderr
-) -> AsyncIterator[Any]:
-    """The MCP SDK's stdio transport (``stdio_client``), with a size limit on each message while it is read.
-
-    Process start and stop are the SDK's own. A line over the limit is not kept: its request
-    (whose id is read from the line's start) fails with an error naming the limit, and the
-    rest of the line is skipped; the session carries on. A line without a readable id ends
-    the session (its calls fail, the next call starts the server again).
-    """
-    import mcp_types
-    from mcp.shared.message import SessionMessage
-
-    command = await sdk_stdio._get_executable_command(server.command)
-    process = await sdk_stdio._create_platform_compatible_process(
-        command=command,
-        args=server.args,
-        env=sdk_stdio.get_default_environment() | (server.env or {}),
-        errlog=stderr.writer,
-        cwd=server.cwd,
-    )
-    # The server holds the pipe's write end now; ours must go, or its end is never seen.
-    stderr.process = process
-    stderr.writer.close()
-    read_writer, read_stream = anyio.create_memory_object_stream[Any](0)
-    write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
-    writer_done = anyio.Event()
-
-    async def deliver(line: bytes | bytearray) -> None:
-        try:
-            message: Any = SessionMessage(
-                mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-            )
-        except ValueError as exc:
-            message = exc
-        await read_writer.send(message)
-
-    async def refuse(head: bytes, size: int) -> bool:
-        """Fail the request of a line over the limit; whether its id was found."""
-        error = (
-            f"the answer is over the byte limit of {max_message_size} bytes per message (the tool server's "
-            "max_result_size plus 1 MiB), so it was not read further"
-        )
-        logger.warning("An MCP server sent a message of %d bytes; refused: %s", size, error)
-        found = _ID.match(head)
-        if found is None:
-            return False
-        reply = mcp_types.JSONRPCError(
-            jsonrpc="2.0",
-            id=json.loads(found.group(1)),
-            error=mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message=error),
-        )
-        await read_writer.send(SessionMessage(reply))
-        return True
-
-    async def write() -> None:
-        assert process.stdin is not None
-        try:
-            async with write_reader:
-                async for session_message in write_reader:
-                    data = session_message.message.model_dump_json(by_alias=True, exclude_unset=True)
-                    await process.stdin.send((data + "\n").encode())
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await read_writer.aclose()
-        finally:
-            writer_done.set()
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(_read_bounded, process, max_message_size, read_writer, deliver, refuse)
-        tasks.start_soon(write)
-        try:
-            yield read_stream, write_stream
-        finally:
-            with anyio.CancelScope(shield=True):
-                read_stream.close()
-                write_stream.close()
-                with anyio.move_on_after(sdk_stdio._WRITER_FLUSH_TIMEOUT):
-                    await writer_done.wait()
-                await sdk_stdio._stop_server_process(process)
-                for stream in (read_stream, write_stream, read_writer, write_reader):
-                    await stream.aclose()
-            tasks.cancel_scope.cancel()
-
-
-async def _read_bounded(
-    process: ServerProcess,
-    max_message_size: int | None,
-    read_writer: MemoryObjectSendStream[Any],
-    deliver: Callable[[bytes | bytearray], Awaitable[None]],
-    refuse: Callable[[bytes, int], Awaitable[bool]],
-) -> None:
-    """Read the server's stdout for `_bounded_stdio`: `deliver` each line, `refuse` each one over the limit."""
-    assert process.stdout is not None
-    buffer = bytearray()
-    head = b""  # the start of a line being skipped (over the limit), for its request id
-    skipped = 0
-    try:
-        async with read_writer:
-            try:
-                async for chunk in process.stdout:
-                    start = 0
-                    while (end := chunk.find(b"\n", start)) >= 0:
-                        if skipped:
-                            if not await refuse(head, skipped + end - start):
-                                return  # no request to fail: the session ends instead
-                            head, skipped = b"", 0
-                        else:
-                            buffer += chunk[start:end]
-                            await deliver(buffer)  # parsed before the first await: no copy
-                            buffer.clear()
-                        start = end + 1
-                    rest = len(chunk) - start
-                    if skipped:
-                        skipped += rest
-                    elif max_message_size is not None and len(buffer) + rest > max_message_size:
-                        head = (bytes(buffer) + chunk[start : start + 4096])[:4096]
-                        skipped = len(buffer) + rest
-                        buffer.clear()
-                    else:
-                        buffer += chunk[start:]
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
-            finally:
-                await sdk_stdio._drain_stdout(process)
-    except (anyio.ClosedResourceError, anyio.BrokenResourceError, ConnectionError):
-        pass
-
-
-def _find_process_group(marker: str) -> int | None:
-    """Find the stdio server process we spawned (in its own session) by the marker in its environment."""
-    import psutil
-
-    for child in psutil.Process().children():
-        with contextlib.suppress(psutil.Error):
-            if child.environ().get(_SESSION_MARKER_ENV) == marker:
-                return int(child.pid)
-    return None
-
-
 def _text(result: CallToolResult) -> str | None:
     texts = [item.text for item in result.content if isinstance(item, TextContent)]
     return "\n".join(texts) if texts else None
 
 
 def _size_hint(exc: BaseException) -> str:
+    # Only the wording depends on the text (see MCPSession._translate for why it is read).
     if "byte limit" not in _describe(exc):
         return ""
     return " (one MCP message may have up to the tool server's max_result_size plus 1 MiB)"

@@ -27,7 +27,7 @@ from typing import Any
 
 from ipybox._wire import UserEnv
 
-__all__ = ["ServerRegistry", "default_registry_path"]
+__all__ = ["ServerRegistry", "default_registry", "default_registry_path"]
 
 _FORMAT_VERSION = 2
 
@@ -47,6 +47,16 @@ def default_registry_path() -> Path:
     return base / "ipybox" / "servers.json"
 
 
+def default_registry() -> ServerRegistry:
+    """The registry of this user, at ``default_registry_path()`` (resolved when called).
+
+    The one place a registry is found from the environment: an application builds it once
+    (``CodeExecutor``, the MCP server) and passes it to what needs it; ``generate_mcp_sources``
+    and a ``ToolServer`` given none use it.
+    """
+    return ServerRegistry(default_registry_path())
+
+
 class ServerRegistry:
     """A JSON file mapping server names to MCP server parameters, scoped by the folder of their API.
 
@@ -61,11 +71,11 @@ class ServerRegistry:
     file changed, so a lookup per tool call costs one ``stat``.
 
     Args:
-        path: The registry file; by default :func:`default_registry_path`.
+        path: The registry file (:func:`default_registry` gives this user's).
     """
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = Path(path) if path is not None else default_registry_path()
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
         self._lock = threading.Lock()
         self._servers: dict[str, dict[str, Any]] = {}
         self._scoped: dict[str, dict[str, dict[str, Any]]] = {}

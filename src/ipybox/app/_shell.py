@@ -16,9 +16,13 @@ import contextlib
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import Receive
 
 from ipybox._infra import kill_tree
+from ipybox.app._tool_http import _disconnected
 from ipybox.gateway import _kernel_launch
 
 __all__ = ["ShellResult", "ShellRunner"]
@@ -144,3 +148,46 @@ class ShellRunner:
                 with contextlib.suppress(ProcessLookupError):
                     await asyncio.shield(process.wait())
         return ShellResult(stdout, stderr, exit_code, stopped)
+
+
+class _ShellRequest(BaseModel):
+    """The body of ``POST /shell``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["shell", "shell_magic"]
+    # The command line (``shell``), or the cell fed to the program on stdin (``shell_magic``).
+    cmd: str
+    # The cell magic's program and its arguments (``shell_magic`` only).
+    argv: list[str] | None = None
+    cwd: str = Field(min_length=1)
+
+
+def _shell_call(body: _ShellRequest) -> tuple[dict[str, Any], list[str]]:
+    """The arguments a shell request is approved with, and the program line it runs."""
+    if body.kind == "shell":
+        return {"cmd": body.cmd}, ["/bin/sh", "-c", body.cmd]
+    assert body.argv is not None
+    tool_args: dict[str, Any] = {"magic": body.argv[0], "cmd": body.cmd}
+    if body.argv[1:]:
+        tool_args["args"] = body.argv[1:]
+    return tool_args, body.argv
+
+
+async def _run_while_connected(
+    runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
+) -> asyncio.Future[ShellResult]:
+    """Run an approved shell request; it is cancelled if the kernel closes the connection first."""
+    cell = body.cmd.encode() if body.kind == "shell_magic" else None
+    running = asyncio.ensure_future(runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == "shell"))
+    # The kernel closes the connection when its cell is interrupted: the command stops with it.
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not running.done():
+            running.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await running
+    return running

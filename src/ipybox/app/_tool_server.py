@@ -28,274 +28,86 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
+import secrets
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
-from mcp.types import (
-    AudioContent,
-    ContentBlock,
-    EmbeddedResource,
-    ImageContent,
-    TextContent,
-    TextResourceContents,
-    Tool,
-)
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from mcp.types import Tool
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ipybox._infra import BearerToken, Uvicorn, listen
-from ipybox.app._approval_server import (
-    POLICY_VIOLATION,
-    ApprovalChannel,
-    ApprovalClientDisconnected,
-    NoApprovalClientError,
-)
-from ipybox.app._gate import Asked, Gate, GateDenied, Ticket
+from ipybox.app._approval_server import POLICY_VIOLATION, ApprovalChannel
+from ipybox.app._gate import GateDenied, Ticket
 from ipybox.app._mcp import MCPSession
-from ipybox.app._params import StdioParams, confine, resolve_params
-from ipybox.app._registry import ServerRegistry
-from ipybox.app._shell import ShellResult, ShellRunner
-from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
-
-if TYPE_CHECKING:
-    from ipybox.app._tracing import Tracing
+from ipybox.app._registry import ServerRegistry, default_registry
+from ipybox.app._shell import ShellRunner, _run_while_connected, _shell_call, _ShellRequest
+from ipybox.app._tool_calls import _RunRequest, _ToolCallError, _ToolCalls
+from ipybox.app._tool_http import (
+    _UNAUTHORIZED,
+    _BoundedHttp,
+    _Charge,
+    _error,
+    _error_response,
+    _InflightBudget,
+    _json,
+    _log_to_stderr_unless_configured,
+    _summarise,
+)
+from ipybox.errors import ToolServerError
 
 __all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
 
 DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 32 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT_SIZE = 128 * 1024 * 1024
-# What a client may hold of the server: a request head (request line and headers) of this many
-# bytes, arriving within this many seconds of the connection (or of its previous request); a
-# body within _BODY_TIMEOUT; and this many open connections at once.
-_MAX_HEAD_SIZE = 64 * 1024
-_HEAD_TIMEOUT = 10.0
-_BODY_TIMEOUT = 60.0
-_MAX_CONNECTIONS = 512
-# How long a request waits for room in the tool server's max_inflight_size before it fails.
-_INFLIGHT_WAIT = 60.0
 # An answer up to this size is sent in one message (asyncio's default write buffer limit).
 _SMALL_ANSWER = 64 * 1024
-# What an MCP message may carry besides the result itself (JSON-RPC envelope, escapes).
-_ENVELOPE_ALLOWANCE = 1024 * 1024
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.tool_exec.server")
 
 
-class _RunRequest(BaseModel):
-    """The body of ``POST /run``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    server_name: str = Field(min_length=1)
-    tool_name: str = Field(min_length=1)
-    tool_args: dict[str, Any] = Field(default_factory=dict)
-    server_params: dict[str, Any] | None = None
-    # Whether the answer carries every content part and the structured content (``run_content``).
-    content: bool = False
-
-
-class _ShellRequest(BaseModel):
-    """The body of ``POST /shell``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    kind: Literal["shell", "shell_magic"]
-    # The command line (``shell``), or the cell fed to the program on stdin (``shell_magic``).
-    cmd: str
-    # The cell magic's program and its arguments (``shell_magic`` only).
-    argv: list[str] | None = None
-    cwd: str = Field(min_length=1)
-
-
-class _ToolCallError(Exception):
-    """A ``/run`` request ends with this HTTP status, outcome kind and message."""
-
-    def __init__(self, status: int, kind: ToolCallOutcome, message: str, by: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
-        self.message = message
-        # Who decided, for the audit trail, where the kind does not say it (an abandoned request).
-        self.by = by
-
-
-class _BoundedHttp(HttpToolsProtocol):
-    """uvicorn's httptools protocol with bounds on what one client can hold of the server.
-
-    A request head over ``_MAX_HEAD_SIZE`` bytes is refused with 400 (uvicorn's own answer to a
-    request it cannot parse), a connection whose request head has not arrived within
-    ``_HEAD_TIMEOUT`` seconds is closed, and a connection beyond ``_MAX_CONNECTIONS`` open ones
-    is closed at once: a client that connects and stalls holds neither memory nor descriptors
-    for long. Idle keep-alive connections are closed after ``timeout_keep_alive``.
-    """
-
-    _head_timer: asyncio.TimerHandle | None = None
-    _head_size = 0
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        if len(self.connections) > _MAX_CONNECTIONS:
-            logger.debug("Closed a connection over the limit of %d open connections.", _MAX_CONNECTIONS)
-            transport.abort()
-            return
-        self._arm_head_timer()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm_head_timer()
-        super().connection_lost(exc)
-
-    def on_message_begin(self) -> None:
-        super().on_message_begin()
-        self._head_size = 0
-        self._arm_head_timer()
-
-    def on_url(self, url: bytes) -> None:
-        self._count_head(len(url))
-        super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value))
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
-        self._disarm_head_timer()
-        super().on_headers_complete()
-
-    def _count_head(self, size: int) -> None:
-        self._head_size += size
-        if self._head_size > _MAX_HEAD_SIZE:
-            # Raised inside the parser: uvicorn answers 400 and closes the connection.
-            raise ValueError(f"request head over {_MAX_HEAD_SIZE} bytes")
-
-    def _arm_head_timer(self) -> None:
-        if self._head_timer is None:
-            self._head_timer = self.loop.call_later(_HEAD_TIMEOUT, self._head_timed_out)
-
-    def _disarm_head_timer(self) -> None:
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
-
-    def _head_timed_out(self) -> None:
-        self._head_timer = None
-        if not self.transport.is_closing():
-            self.transport.close()
-
-
-class _BodyTooLarge(Exception):
-    """A request body over the tool server's ``max_request_size``."""
-
-
-class _InflightBudget:
-    """Bytes of requests and results held for the calls in flight, with a total limit.
-
-    A charge is cut to the limit, so that one call of any size is admitted when it is alone.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-        self._waiters: list[asyncio.Future[None]] = []
-
-    def try_take(self, size: int) -> int | None:
-        """Take ``size`` bytes (cut to the limit) if they fit now; the bytes taken, else ``None``."""
-        size = min(size, self.limit)
-        if self.held + size > self.limit:
-            return None
-        self.held += size
-        return size
-
-    async def take(self, size: int) -> int:
-        """Take ``size`` bytes (cut to the limit), waiting for room; ``TimeoutError`` after ``_INFLIGHT_WAIT``."""
-        taken = self.try_take(size)
-        if taken is not None:
-            return taken
-        async with asyncio.timeout(_INFLIGHT_WAIT):
-            while (taken := self.try_take(size)) is None:
-                waiter = asyncio.get_running_loop().create_future()
-                self._waiters.append(waiter)
-                try:
-                    await waiter
-                finally:
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(waiter)
-        return taken
-
-    def give(self, size: int) -> None:
-        """Give back bytes taken; every waiter checks again whether its call fits."""
-        self.held -= size
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
-
-
-class _Charge:
-    """The bytes of the in-flight budget one request holds: its body, then its answer."""
-
-    def __init__(self, budget: _InflightBudget) -> None:
-        self.budget = budget
-        self.size = 0
-
-    async def take(self, size: int) -> None:
-        self.size = await self.budget.take(size)
-
-    def swap(self, size: int) -> bool:
-        """Hold ``size`` bytes instead of what is held, if they fit now; otherwise hold nothing."""
-        self.release()
-        taken = self.budget.try_take(size)
-        self.size = taken or 0
-        return taken is not None
-
-    def release(self) -> None:
-        if self.size:
-            self.budget.give(self.size)
-            self.size = 0
-
-
-class ToolServer:
-    """HTTP server that runs MCP tools for code in a kernel, with optional approval.
+class ToolServer(_ToolCalls):
+    """HTTP server that runs MCP tools for code in a kernel, once the application approves each call.
 
     MCP servers are started (or connected to) on their first tool call and kept for later
     calls; calls to different servers run concurrently. With ``approval_required`` each call
     waits for the decision of the application's ``ApprovalClient``.
 
-    Two ways to use it:
+    Secure by default: it starts only MCP servers the application recorded in ``registry`` (this
+    user's registry unless one is given), looked up by ``server_name`` among those whose API lies
+    in ``scope``; a request carrying ``server_params`` is refused. ``/run``, ``/approve``,
+    ``/shell`` and ``/reset`` require ``Authorization: Bearer <token>`` and the approval WebSocket
+    ``Authorization: Bearer <approval_secret>`` (each generated when not given; read them from
+    :attr:`token` and :attr:`approval_secret`); every tool call waits for approval; the port is a
+    free one (:attr:`port`). Give the kernel the token, never the approval secret.
 
-    - **Trusted local use** (``ToolServer()`` as in the API reference): a ``/run`` request
-      may carry the ``server_params`` of the MCP server to start, and anybody who can reach the
-      port may run tools. Use it only where every client is trusted. A request without
-      ``server_params`` (what code generated by ``generate_mcp_sources`` sends) names a server
-      of the default trusted registry, which ``generate_mcp_sources`` filled.
-    - **Secured mode** (what ``CodeExecutor`` uses), enabled by ``registry``: the tool server
-      starts only MCP servers the application recorded in the registry, looked up by
-      ``server_name``; a request carrying ``server_params`` is refused. ``token`` makes ``/run``
-      and ``/reset`` require ``Authorization: Bearer <token>``; ``approval_secret`` makes the
-      approval WebSocket require ``Authorization: Bearer <approval_secret>``. Give the kernel the
-      token, never the approval secret.
+    ``trust_all_clients=True`` is the open mode, for trusted local use only: anybody who can reach
+    the port may run tools (no token or approval secret unless given), and a ``/run`` request may
+    carry the ``server_params`` of the MCP server to start; a request without them names a server
+    of the registry, or one already running.
 
     Example:
         .. code-block:: python
 
-            async with ToolServer(approval_required=True) as server:
-                async with ApprovalClient(callback=on_approval_request, port=server.port):
-                    ...  # execute code that calls MCP tools
+            async with ToolServer() as server:
+                async with ApprovalClient(
+                    callback=on_approval_request, port=server.port, secret=server.approval_secret
+                ):
+                    ...  # code that calls MCP tools gets server.port and server.token
 
     Args:
         host: Hostname the server binds to.
-        port: Port the server listens on; ``0`` picks a free port (see :attr:`port`).
-        approval_required: Whether tool calls need the application's approval.
+        port: Port the server listens on; ``0`` (the default) picks a free port (see :attr:`port`).
+        approval_required: Whether tool calls need the application's approval (the default).
         approval_timeout: Seconds to wait for an approval decision.
         connect_timeout: Seconds an MCP server has to start and complete the MCP handshake.
         log_to_stderr: Where the application configured no logging, show the tool server's
@@ -303,9 +115,12 @@ class ToolServer:
             ``ipybox.tool_exec`` and ``uvicorn.error``) to the application's own handlers.
         log_level: Level of the stderr output of ``log_to_stderr``; otherwise the application's
             logging configuration decides what is shown.
-        registry: The trusted server registry; enables the secured mode.
-        token: Bearer token required by ``/run`` and ``/reset``.
-        approval_secret: Bearer secret required to connect to ``/approval``.
+        registry: The trusted server registry; by default this user's (``default_registry()``).
+        token: Bearer token required by ``/run``, ``/approve``, ``/shell`` and ``/reset``;
+            generated when ``None`` (none in the open mode).
+        approval_secret: Bearer secret required to connect to ``/approval``; generated when
+            ``None`` (none in the open mode).
+        trust_all_clients: The open mode (see above); only where every client is trusted.
         approve_tool_calls: With ``approval_required``, whether ``/run`` asks for approval;
             ``False`` lets tool calls through unasked while ``/approve`` still asks.
         uds: Also listen on a Unix socket at this path (a sandboxed kernel has no network
@@ -335,8 +150,8 @@ class ToolServer:
     def __init__(
         self,
         host: str = "localhost",
-        port: int = 8900,
-        approval_required: bool = False,
+        port: int = 0,
+        approval_required: bool = True,
         approval_timeout: float = 60,
         connect_timeout: float = 30,
         log_to_stderr: bool = False,
@@ -353,17 +168,16 @@ class ToolServer:
         kernel_writable: tuple[Path, ...] = (),
         scope: Path | None = None,
         shell_runner: ShellRunner | None = None,
+        trust_all_clients: bool = False,
     ) -> None:
-        if max_result_size <= 0:
-            raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
-        if max_request_size <= 0:
-            raise ValueError(
-                f"max_request_size must be a positive number of bytes, not {max_request_size!r}."
-            )
-        if max_inflight_size <= 0:
-            raise ValueError(
-                f"max_inflight_size must be a positive number of bytes, not {max_inflight_size!r}."
-            )
+        sizes = {
+            "max_result_size": max_result_size,
+            "max_request_size": max_request_size,
+            "max_inflight_size": max_inflight_size,
+        }
+        for name, size in sizes.items():
+            if size <= 0:
+                raise ValueError(f"{name} must be a positive number of bytes, not {size!r}.")
         self.max_request_size = max_request_size
         self.max_inflight_size = max_inflight_size
         self._inflight = _InflightBudget(max_inflight_size)
@@ -376,18 +190,20 @@ class ToolServer:
         self.connect_timeout = connect_timeout
         self.log_to_stderr = log_to_stderr
         self.log_level = log_level.upper()
-        self._registry = registry
+        self.trust_all_clients = trust_all_clients
+        self._registry = registry if registry is not None else default_registry()
         self.kernel_writable = kernel_writable
         # Paths inside those that the kernel's sandbox keeps read-only (set with kernel_writable).
         self.kernel_readonly: tuple[Path, ...] = ()
         self.scope = scope
         self.shell_runner = shell_runner
-        # The policy and audit trail (set by CodeExecutor); None: every call asks, none is recorded.
-        self.gate: Gate | None = None
-        self._fallback_registry: ServerRegistry | None = None
         self.approve_tool_calls = approve_tool_calls
-        # Spans of calls, approval waits and server starts (the executor's, when tracing is on).
-        self.tracing: Tracing | None = None
+        self.gate = None
+        self.tracing = None
+        if not trust_all_clients:
+            token = token if token is not None else secrets.token_urlsafe(32)
+            approval_secret = approval_secret if approval_secret is not None else secrets.token_urlsafe(32)
+        self._token_value, self._approval_secret_value = token, approval_secret
         self._token = BearerToken(token) if token is not None else None
         self._approval_secret = BearerToken(approval_secret) if approval_secret is not None else None
         self._channel = ApprovalChannel(
@@ -415,6 +231,21 @@ class ToolServer:
         return self._port
 
     @property
+    def token(self) -> str | None:
+        """The bearer token calls need (``None``: none, in the open mode without one)."""
+        return self._token_value
+
+    @property
+    def approval_secret(self) -> str | None:
+        """The bearer secret of the approval WebSocket (``None``: none, in the open mode without one)."""
+        return self._approval_secret_value
+
+    @property
+    def registry(self) -> ServerRegistry:
+        """The trusted registry the server's MCP servers are looked up in."""
+        return self._registry
+
+    @property
     def running(self) -> bool:
         """Whether the HTTP server is running."""
         return self._serve_task is not None and not self._serve_task.done()
@@ -425,6 +256,7 @@ class ToolServer:
         Raises:
             RuntimeError: The server is already running.
             OSError: The address could not be bound (e.g. the port is in use).
+            ToolServerError: The HTTP server stopped before it was ready.
         """
         if self._serve_task is not None:
             raise RuntimeError(f"The tool server is already running on {self.host}:{self._port}.")
@@ -465,8 +297,8 @@ class ToolServer:
             for bound in sockets:
                 bound.close()
             self._unlink_uds()
-            if isinstance(exc, RuntimeError):
-                raise RuntimeError(
+            if isinstance(exc, RuntimeError):  # uvicorn's failure, from Uvicorn.start
+                raise ToolServerError(
                     f"The tool server could not start on {self.host}:{self._port}: {exc}"
                 ) from exc
             raise
@@ -484,6 +316,7 @@ class ToolServer:
         await self.reset()
         if server is not None and serve_task is not None:
             server.request_exit()
+            # Broad: how uvicorn's task ended does not change that the server is stopped.
             with contextlib.suppress(Exception):
                 await serve_task
         # Sessions started by requests that were still running while the server shut down.
@@ -498,6 +331,7 @@ class ToolServer:
     async def join(self) -> None:
         """Wait until the HTTP server stops."""
         if self._serve_task is not None:
+            # Broad: join() waits for the end, however uvicorn's task ended.
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._serve_task)
 
@@ -688,435 +522,5 @@ class ToolServer:
         else:
             await self._app(scope, receive, send)
 
-    async def _run(self, length: bytes | None, receive: Receive, charge: _Charge) -> tuple[int, bytes] | None:
-        """The answer to a ``/run`` request whose token was checked; ``None`` if the client left."""
-        raw = await self._read_body(length, receive, charge)
-        if raw is None or isinstance(raw, tuple):
-            return raw
-        try:
-            body = _RunRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            return _error(400, "failed", f"The tool call request is malformed: {_summarise(exc)}")
-        del raw  # the parsed request is all that is kept of it
-        if self.tracing is not None:
-            return await self.tracing.tool_call(
-                body.server_name, body.tool_name, self._handle_run(body, charge)
-            )
-        return await self._handle_run(body, charge)
-
-    async def _read_body(
-        self, length: bytes | str | None, receive: Receive, charge: _Charge
-    ) -> bytes | bytearray | tuple[int, bytes] | None:
-        """A request's body; an error answer if it is too large or too slow; ``None`` if the client left.
-
-        Before the body is read, ``charge`` takes its size (its Content-Length, else
-        ``max_request_size``) of the in-flight budget, waiting for room. A body refused (over
-        ``max_request_size``, or no room) is read to its end without being kept, so that an honest
-        client gets the answer rather than a connection reset while it is still sending.
-        """
-        try:
-            expected = int(length) if length is not None else None
-        except ValueError:
-            return _error(400, "failed", "The request's Content-Length is not a number.")
-        if expected is not None and expected > self.max_request_size:
-            return await self._refuse_body(receive, 413, self._request_too_large())
-        try:
-            await charge.take(self.max_request_size if expected is None else expected)
-        except TimeoutError:
-            return await self._refuse_body(
-                receive,
-                503,
-                f"The tool call was not run: it waited {_INFLIGHT_WAIT:g} s for room in the tool server's limit "
-                f"of {_size(self.max_inflight_size)} for the requests and answers of all calls in flight "
-                "(ToolServer max_inflight_size); make fewer large calls at once.",
-            )
-        buffer = bytearray()
-        try:
-            async with asyncio.timeout(_BODY_TIMEOUT):
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return None
-                    chunk = message.get("body", b"")
-                    more = message.get("more_body", False)
-                    if len(buffer) + len(chunk) > self.max_request_size:
-                        break
-                    if not more and not buffer:
-                        return bytes(chunk)  # the whole body in one message (bytes(b) is b: no copy)
-                    buffer += chunk
-                    if not more:
-                        return buffer
-        except TimeoutError:
-            return _error(408, "failed", f"The request body did not arrive within {_BODY_TIMEOUT:g} s.")
-        del buffer
-        return await self._refuse_body(receive, 413, self._request_too_large())
-
-    async def _refuse_body(self, receive: Receive, status: int, message: str) -> tuple[int, bytes] | None:
-        """Read the rest of a refused body without keeping it, then the error answer; ``None`` if the client left."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(_BODY_TIMEOUT):
-                more = True
-                while more:
-                    received = await receive()
-                    if received["type"] == "http.disconnect":
-                        return None
-                    more = received.get("more_body", False)
-        return _error(status, "failed", message)
-
-    def _request_too_large(self) -> str:
-        return (
-            f"The tool call is over the tool server's limit of {_size(self.max_request_size)} per request "
-            "(ToolServer max_request_size) and was not run; pass large data another way (write it to a "
-            "file and pass its path), or in smaller parts."
-        )
-
-    async def _handle_run(self, body: _RunRequest, charge: _Charge) -> tuple[int, bytes]:
-        # ---- policy and audit hook (ipybox.app._gate): the ticket decides and records the call ----
-        if self.gate is None:
-            return await self._call(body, charge, None)
-        ticket = self.gate.ticket(body.server_name, body.tool_name, body.tool_args)
-        answer: tuple[int, bytes] | None = None
-        try:
-            answer = await self._call(body, charge, ticket)
-            return answer
-        finally:
-            ticket.finish(*(answer or (None, None)))
-
-    async def _admit(self, ticket: Ticket, session: MCPSession, body: _RunRequest, call: str) -> None:
-        """Decide a call by the policy (and the application, when it says ask) and record it."""
-        tool = await self._check_call(session, body, call)
-        asks = self.approve_tool_calls and self.approval_required
-        try:
-            await ticket.admit(
-                annotations=tool.annotations,
-                ask=(lambda: self._approve(body, call)) if asks else None,
-                secrets=session.params.secrets,
-            )
-        except GateDenied as exc:
-            raise _ToolCallError(
-                exc.status, exc.kind, f"Tool call {call} was refused: {exc.reason}."
-            ) from None
-        # ---- end of the policy and audit hook ----
-
-    async def _call(self, body: _RunRequest, charge: _Charge, ticket: Ticket | None) -> tuple[int, bytes]:
-        call = f"{body.server_name}.{body.tool_name}"
-        try:
-            params = self._server_params(body)
-            if ticket is not None:
-                session = await self._session(body.server_name, params, call)
-                await self._admit(ticket, session, body, call)
-            elif self.approve_tool_calls and self.approval_required:
-                # What the person is asked about must be a call the server can take as shown.
-                session = await self._session(body.server_name, params, call)
-                await self._check_call(session, body, call)
-                await self._approve(body, call)
-            else:
-                session = await self._session(body.server_name, params, call)
-            result = await session.call_tool_content(body.tool_name, body.tool_args)
-            body.tool_args = {}  # no longer needed: not held while the answer is made
-        except _ToolCallError as exc:
-            return _error(exc.status, exc.kind, exc.message)
-        except MCPServerError as exc:
-            return _error(502, "failed", f"Tool call {call} failed: {exc}")
-        if body.content and (least := _least_size(result.content)) > self.max_result_size:
-            # Refused before it is serialised: no copies of a blob far over the limit.
-            return self._too_large(call, least, "at least ")
-        if body.content:
-            answer = _json(
-                {
-                    "content": [
-                        block.model_dump(mode="json", by_alias=True, exclude_none=True)
-                        for block in result.content
-                    ],
-                    "structured": result.structured_content,
-                }
-            )
-        elif result.structured_content is not None:
-            answer = _json({"result": result.structured_content})
-        else:
-            texts = [block.text for block in result.content if isinstance(block, TextContent)]
-            answer = _json({"result": "\n".join(texts) if texts else None})
-        if len(answer) > self.max_result_size:
-            return self._too_large(call, len(answer))
-        del result
-        # The answer is counted instead of the request from here until it is sent.
-        if not charge.swap(len(answer)):
-            return _error(
-                503,
-                "failed",
-                f"Tool call {call} failed: its result of {_size(len(answer))} did not fit in the tool server's "
-                f"limit of {_size(self.max_inflight_size)} for the requests and answers of all calls in flight "
-                "(ToolServer max_inflight_size) while other calls held it; make fewer large calls at once, "
-                "or ask the tool for less at a time.",
-            )
-        return 200, answer
-
-    async def _check_call(self, session: MCPSession, body: _RunRequest, call: str) -> Tool:
-        """Refuse a call of a tool the server does not list, or with arguments its schema does not declare."""
-        tools = self._tools.get(session)
-        if tools is None or body.tool_name not in tools:
-            # Listed again when a tool is not found: the server's tool list may have changed.
-            tools = {tool.name: tool for tool in await session.list_tools()}
-            self._tools[session] = tools
-        tool = tools.get(body.tool_name)
-        if tool is None:
-            names = ", ".join(repr(name) for name in sorted(tools)[:30])
-            raise _ToolCallError(
-                404,
-                "failed",
-                f"Tool call {call} failed: MCP server {body.server_name!r} has no tool {body.tool_name!r} "
-                f"(its tools: {names or 'none'}); nothing was asked or run.",
-            )
-        problem = _argument_problem(tool.input_schema, body.tool_args)
-        if problem is not None:
-            raise _ToolCallError(
-                400, "failed", f"Tool call {call} failed: {problem}; nothing was asked or run."
-            )
-        return tool
-
-    def _too_large(self, call: str, size: int, qualifier: str = "") -> tuple[int, bytes]:
-        return _error(
-            502,
-            "failed",
-            f"Tool call {call} failed: its result is {qualifier}{_size(size)}, over the tool server's limit "
-            f"of {_size(self.max_result_size)} per result (ToolServer max_result_size); ask the tool for "
-            "less at a time (a smaller page, image or file).",
-        )
-
     def _authorized(self, authorization: bytes) -> bool:
         return self._token is None or self._token.accepts(authorization)
-
-    def _server_params(self, body: _RunRequest) -> dict[str, Any]:
-        call = f"{body.server_name}.{body.tool_name}"
-        if body.server_params:
-            if self._registry is not None:
-                raise _ToolCallError(
-                    403,
-                    "failed",
-                    f"Tool call {call} failed: this tool server runs only MCP servers registered by the "
-                    "application, so a request cannot supply server_params; name a registered server instead.",
-                )
-            return body.server_params
-        # A plain tool server reads the default registry, where generate_mcp_sources records servers.
-        registry = self._registry if self._registry is not None else self._default_registry()
-        try:
-            params = registry.lookup_shared(body.server_name, self.scope)
-        except OSError as exc:
-            raise _ToolCallError(500, "failed", f"The MCP server registry could not be read: {exc}") from exc
-        if params is not None:
-            return params
-        if self._registry is None:
-            running = self._sessions.get(body.server_name)
-            if running is not None:
-                return running[1]
-            raise _ToolCallError(
-                400,
-                "failed",
-                f"Tool call {call} failed: the request has no server_params and MCP server "
-                f"{body.server_name!r} is neither running nor registered in {registry.path}; generate its API "
-                "with generate_mcp_sources, or send server_params.",
-            )
-        where = f" into a folder inside {self.scope}" if self.scope is not None else ""
-        raise _ToolCallError(
-            404,
-            "failed",
-            f"Tool call {call} failed: MCP server {body.server_name!r} is not registered for this executor; "
-            f"generate its API with generate_mcp_sources(...){where} from this application.",
-        )
-
-    def _default_registry(self) -> ServerRegistry:
-        if self._fallback_registry is None:
-            self._fallback_registry = ServerRegistry()
-        return self._fallback_registry
-
-    async def _approve(self, body: _RunRequest, call: str) -> Asked:
-        try:
-            decision = self._channel.ask(body.server_name, body.tool_name, body.tool_args)
-            if self.tracing is not None:
-                decision = self.tracing.approval(body.server_name, body.tool_name, decision)
-            accepted, remember, abandoned = await decision
-        except NoApprovalClientError:
-            raise _ToolCallError(
-                503,
-                "failed",
-                f"Tool call {call} failed: it needs approval, but the application's approval client is not "
-                "connected to the tool server; connect an ApprovalClient before running code that calls tools.",
-            ) from None
-        except ApprovalClientDisconnected:
-            raise _ToolCallError(
-                503, "failed", f"Tool call {call} failed: the approval client disconnected before it decided."
-            ) from None
-        except TimeoutError:
-            raise _ToolCallError(
-                504,
-                "expired",
-                f"Tool call {call} expired: the application made no approval decision within "
-                f"{self.approval_timeout:g} s.",
-            ) from None
-        if abandoned:
-            raise _ToolCallError(
-                403,
-                "rejected",
-                f"Tool call {call} was rejected: the application's stream ended before anybody decided.",
-                by="abandoned",
-            )
-        if not accepted:
-            raise _ToolCallError(403, "rejected", f"Tool call {call} was rejected by the application.")
-        return Asked(accepted, remember)
-
-    async def _session(self, server_name: str, params: dict[str, Any], call: str) -> MCPSession:
-        running = self._sessions.get(server_name)
-        if running is not None and running[0].alive and running[1] == params:
-            return running[0]
-        lock = self._starting.setdefault(server_name, asyncio.Lock())
-        async with lock:
-            running = self._sessions.get(server_name)
-            if running is not None:
-                if running[0].alive and running[1] == params:
-                    return running[0]
-                del self._sessions[server_name]
-                await running[0].close()
-            try:
-                resolved = resolve_params(params)
-            except ServerParamsError as exc:
-                # Parameters from a request are the client's mistake; registered ones the application's.
-                status = 400 if self._registry is None else 500
-                raise _ToolCallError(status, "failed", f"Tool call {call} failed: {exc}") from exc
-            if isinstance(resolved, StdioParams) and self.kernel_writable:
-                try:
-                    resolved = confine(server_name, resolved, self.kernel_writable, self.kernel_readonly)
-                except ServerParamsError as exc:
-                    raise _ToolCallError(403, "failed", f"Tool call {call} failed: {exc}") from exc
-            session = MCPSession(
-                server_name, resolved, self.connect_timeout, self.max_result_size + _ENVELOPE_ALLOWANCE
-            )
-            await (
-                session.start()
-                if self.tracing is None
-                else self.tracing.server_start(server_name, session.start())
-            )
-            self._sessions[server_name] = (session, params)
-            return session
-
-
-def _shell_call(body: _ShellRequest) -> tuple[dict[str, Any], list[str]]:
-    """The arguments a shell request is approved with, and the program line it runs."""
-    if body.kind == "shell":
-        return {"cmd": body.cmd}, ["/bin/sh", "-c", body.cmd]
-    assert body.argv is not None
-    tool_args: dict[str, Any] = {"magic": body.argv[0], "cmd": body.cmd}
-    if body.argv[1:]:
-        tool_args["args"] = body.argv[1:]
-    return tool_args, body.argv
-
-
-async def _run_while_connected(
-    runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
-) -> asyncio.Future[ShellResult]:
-    """Run an approved shell request; it is cancelled if the kernel closes the connection first."""
-    cell = body.cmd.encode() if body.kind == "shell_magic" else None
-    running = asyncio.ensure_future(runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == "shell"))
-    # The kernel closes the connection when its cell is interrupted: the command stops with it.
-    gone = asyncio.ensure_future(_disconnected(receive))
-    try:
-        await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not running.done():
-            running.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await running
-    return running
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Return once the client has closed its connection (the request body was read before)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
-
-
-def _argument_problem(schema: dict[str, Any], args: dict[str, Any]) -> str | None:
-    """What is wrong with the arguments' names for the tool's input schema, if anything.
-
-    An argument the schema does not declare is refused unless the schema allows more
-    (``additionalProperties`` true or a schema, or ``patternProperties``); a required one must be there.
-    """
-    properties = schema.get("properties")
-    declared = properties if isinstance(properties, dict) else {}
-    extra = schema.get("additionalProperties")
-    if not (extra is True or isinstance(extra, dict) or schema.get("patternProperties")):
-        undeclared = [name for name in args if name not in declared]
-        if undeclared:
-            known = ", ".join(repr(name) for name in declared) or "none"
-            return (
-                f"the tool's input schema does not declare the argument(s) "
-                f"{', '.join(repr(name) for name in undeclared)} (it declares: {known})"
-            )
-    required = schema.get("required")
-    missing = [name for name in required if name not in args] if isinstance(required, list) else []
-    if missing:
-        return f"the tool requires the argument(s) {', '.join(repr(name) for name in missing)}"
-    return None
-
-
-def _least_size(content: list[ContentBlock]) -> int:
-    """A lower bound of the content's size as JSON: its texts and base64 data alone."""
-    size = 0
-    for block in content:
-        if isinstance(block, TextContent):
-            size += len(block.text)
-        elif isinstance(block, ImageContent | AudioContent):
-            size += len(block.data)
-        elif isinstance(block, EmbeddedResource):
-            resource = block.resource
-            size += len(resource.text if isinstance(resource, TextResourceContents) else resource.blob)
-    return size
-
-
-def _size(size: int) -> str:
-    if size >= 1024 * 1024:
-        return f"{size / (1024 * 1024):.1f} MiB ({size} bytes)"
-    return f"{size} bytes"
-
-
-_UNAUTHORIZED = (
-    "The tool server refused the request: it needs the tool server token as 'Authorization: Bearer <token>'."
-)
-
-
-def _json(value: Any) -> bytes:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
-
-
-def _error(status: int, kind: ToolCallOutcome, message: str) -> tuple[int, bytes]:
-    return status, _json({"error": {"kind": kind, "message": message}})
-
-
-def _error_response(status: int, kind: ToolCallOutcome, message: str) -> Response:
-    status, content = _error(status, kind, message)
-    return Response(content, status_code=status, media_type="application/json")
-
-
-def _summarise(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
-    )
-
-
-class _StderrFallback(logging.StreamHandler):  # type: ignore[type-arg]  # generic only in typeshed
-    """Writes ipybox's records to stderr for an application that configured no logging."""
-
-
-def _log_to_stderr_unless_configured(level: str) -> None:
-    """``log_to_stderr``: where the application has no logging set up, show ipybox's records on
-    stderr. An application with its own handlers gets the records through them instead, and
-    the logging configuration is left as the application made it."""
-    if logging.getLogger().handlers:
-        return
-    package = logging.getLogger("ipybox")
-    if not any(isinstance(handler, _StderrFallback) for handler in package.handlers):
-        handler = _StderrFallback()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-        package.addHandler(handler)
-    if package.level == logging.NOTSET:
-        package.setLevel(level)

@@ -187,14 +187,14 @@ def _launch(spec: dict[str, Any], connection_file: str, argv: list[str]) -> None
 if __name__ == "__main__" and sys.argv[1] == _OWN_IPC:
     try:
         _own_ipc_namespace()
-    except Exception as exc:
+    except Exception as exc:  # broad: a process entry point; never start the kernel unprepared
         print(f"ipybox could not prepare the sandbox: {exc}", file=sys.stderr)
         sys.exit(1)
     os.execvp(sys.argv[2], sys.argv[2:])
 elif __name__ == "__main__":
     try:
         _launch(json.loads(sys.argv[1]), sys.argv[2], sys.argv[4:])
-    except Exception as exc:
+    except Exception as exc:  # broad: a process entry point
         # Never start a kernel that would share folders or outlive its gateway.
         print(f"ipybox could not prepare the sandboxed kernel: {exc!r}", file=sys.stderr)
         sys.exit(1)

@@ -325,7 +325,7 @@ def _launch(spec: dict[str, Any], argv: list[str]) -> None:
 if __name__ == "__main__":
     try:
         _launch(json.loads(sys.argv[1]), sys.argv[3:])
-    except Exception as exc:
+    except Exception as exc:  # broad: a process entry point
         # Never start the kernel without the limits it was given.
         print(f"ipybox could not apply the kernel's resource limits: {exc!r}", file=sys.stderr)
         sys.exit(1)

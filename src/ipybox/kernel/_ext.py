@@ -371,7 +371,7 @@ def _show_figures_of_file_backends(ip: Any) -> None:
         try:
             backend = str(pyplot.get_backend()).lower()
             numbers = list(pyplot.get_fignums())
-        except Exception:
+        except Exception:  # broad: a broken matplotlib set-up in the kernel must not fail the cell
             return
         if backend not in _FILE_BACKENDS or not numbers:
             return

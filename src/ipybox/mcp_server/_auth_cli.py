@@ -81,12 +81,12 @@ def auth_main(argv: list[str]) -> None:
 
 
 def _login_params(args: argparse.Namespace) -> dict[str, Any]:
-    from ipybox.app._registry import ServerRegistry
+    from ipybox.app._registry import default_registry
 
     if args.url is not None:
         oauth: dict[str, Any] = {"scope": args.scope} if args.scope else {}
         return {"url": args.url, "oauth": oauth or True}
-    params = ServerRegistry().lookup(args.name)
+    params = default_registry().lookup(args.name)
     if params is None:
         raise IpyboxError(
             f"No MCP server named {args.name!r} is registered: give its URL with --url, or register it first."

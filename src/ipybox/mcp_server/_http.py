@@ -106,7 +106,7 @@ class SessionTable:
                         f"ipybox: a new MCP session works in {tools.workspace}", file=sys.stderr, flush=True
                     )
                 entry.ready.set_result(tools)
-            except Exception as exc:
+            except Exception as exc:  # broad: whatever stopped the start is handed to the session's calls
                 logger.error("The executor of MCP session %s could not start: %s", session_id, exc)
                 entry.ready.set_exception(exc)
             # Until the session ends; its tool calls get the executor, or the error.
@@ -134,7 +134,7 @@ class SessionTable:
                 code=types.INTERNAL_ERROR,
                 message="The session's kernel did not start; did the client send notifications/initialized?",
             ) from None
-        except Exception as exc:
+        except Exception as exc:  # broad: the start's failure, whatever it was, becomes the MCP error
             raise MCPError(
                 code=types.INTERNAL_ERROR, message=f"The session's kernel could not start: {exc}"
             ) from exc

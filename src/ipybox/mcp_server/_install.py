@@ -41,6 +41,7 @@ import anyio
 
 from ipybox.app import _sandbox
 from ipybox.app._registry import default_registry_path
+from ipybox.errors import SandboxUnavailableError
 from ipybox.gateway import _kernel_launch
 
 _OUTPUT_LIMIT = 4000
@@ -193,7 +194,7 @@ class Installer:
     def _sandboxed(self, command: list[str], private: Path, cache: Path) -> list[str]:
         try:
             srt = _sandbox.find_srt()
-        except Exception as exc:
+        except SandboxUnavailableError as exc:
             raise InstallError(f"Cannot install under --sandbox: {exc}") from exc
         home = Path(self.environ.get("HOME") or Path.home())
         settings = {

@@ -256,7 +256,8 @@ def _progress_reporter(ctx: ServerRequestContext[Any]) -> Progress | None:
         notification = types.ProgressNotification(
             params=types.ProgressNotificationParams(progress_token=token, progress=elapsed, message=message)
         )
-        # A client gone meanwhile must not fail the cell.
+        # A client gone meanwhile must not fail the cell (broad: the SDK's transports fail with
+        # errors of their own, none of which matter to the cell).
         with contextlib.suppress(Exception):
             await ctx.session.send_notification(notification, related_request_id=ctx.request_id)
 

@@ -308,6 +308,7 @@ class ToolSession:
                 server_params,
                 self.workspace / MCPTOOLS_DIR,
                 connect_timeout=self.executor.connect_timeout,
+                registry=self.executor.registry,
             )
         except (ServerParamsError, MCPServerError, ApiGenerationError) as exc:
             return _error(str(exc))

@@ -1,8 +1,11 @@
 """The tool server: `ToolServer` runs MCP tools for code in the kernel, after approval.
 
-A public import path; the code lives in ``ipybox.app._tool_server``.
+`ServerRegistry` is the trusted registry of the MCP servers it may run, and `default_registry`
+gives this user's. A public import path; the code lives in ``ipybox.app._tool_server`` and
+``ipybox.app._registry``.
 """
 
+from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.app._tool_server import (
     DEFAULT_MAX_INFLIGHT_SIZE,
     DEFAULT_MAX_REQUEST_SIZE,
@@ -14,5 +17,7 @@ __all__ = [
     "DEFAULT_MAX_INFLIGHT_SIZE",
     "DEFAULT_MAX_REQUEST_SIZE",
     "DEFAULT_MAX_RESULT_SIZE",
+    "ServerRegistry",
     "ToolServer",
+    "default_registry",
 ]
