@@ -30,8 +30,8 @@ KERNEL_SIDE = [
     SRC / "tool_exec" / "content" / "__init__.py",
     SRC / "tool_exec" / "search" / "__init__.py",
 ]
-# The IPython extension runs in the kernel's own IPython, which every kernel has.
-ALLOWED_EXTRA = {SRC / "kernel" / "_ext.py": frozenset({"IPython"})}
+# The IPython extension (and its shell half) runs in the kernel's own IPython, which every kernel has.
+ALLOWED_EXTRA = {SRC / "kernel" / name: frozenset({"IPython"}) for name in ("_ext.py", "_ext_shell.py")}
 ALLOWED_IPYBOX = ("ipybox.kernel", "ipybox.errors", "ipybox._wire", "ipybox.tool_exec")
 
 
