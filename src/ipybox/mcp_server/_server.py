@@ -23,9 +23,10 @@ from ipybox.app._executor import CodeExecutor
 from ipybox.app._policy import Policy
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
+from ipybox.mcp_server._cell_answers import Progress
 from ipybox.mcp_server._elicit import ClientApproval
 from ipybox.mcp_server._install import Installer, packages_dir
-from ipybox.mcp_server._tools import TOOLS, Progress, ToolSession
+from ipybox.mcp_server._tools import TOOLS, ToolSession
 
 _KERNEL_ENV_PREFIX = "KERNEL_ENV_"
 _INSTRUCTIONS = (
