@@ -22,6 +22,9 @@ Endpoints:
 - ``PUT /reset`` closes every MCP session (they start again on the next call).
 - ``WS /approval`` is where the application's ``ApprovalClient`` connects.
 - ``GET /status`` answers ``{"status": "ok"}``.
+
+``/run`` is served by the base `_ToolCalls` (``_tool_calls.py``), ``/approve`` and ``/shell`` by
+`_ShellRoutes` (``_shell_routes.py``); this module holds the lifecycle and the routing.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from mcp.types import Tool
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -45,11 +47,10 @@ from starlette.websockets import WebSocket
 
 from ipybox._infra import BearerToken, Uvicorn, listen
 from ipybox.app._approval_server import POLICY_VIOLATION, ApprovalChannel
-from ipybox.app._gate import GateDenied, Ticket
 from ipybox.app._mcp import MCPSession
 from ipybox.app._registry import ServerRegistry, default_registry
-from ipybox.app._shell import ShellRunner, _run_while_connected, _shell_call, _ShellRequest
-from ipybox.app._tool_calls import _RunRequest, _ToolCallError, _ToolCalls
+from ipybox.app._shell import ShellRunner
+from ipybox.app._shell_routes import _ShellRoutes
 from ipybox.app._tool_http import (
     _UNAUTHORIZED,
     _BoundedHttp,
@@ -57,9 +58,7 @@ from ipybox.app._tool_http import (
     _error,
     _error_response,
     _InflightBudget,
-    _json,
     _log_to_stderr_unless_configured,
-    _summarise,
 )
 from ipybox.errors import ToolServerError
 
@@ -75,7 +74,7 @@ _SMALL_ANSWER = 64 * 1024
 logger = logging.getLogger("ipybox.tool_exec.server")
 
 
-class ToolServer(_ToolCalls):
+class ToolServer(_ShellRoutes):
     """HTTP server that runs MCP tools for code in a kernel, once the application approves each call.
 
     MCP servers are started (or connected to) on their first tool call and kept for later
@@ -358,121 +357,7 @@ class ToolServer(_ToolCalls):
         await self.reset()
         return JSONResponse({"status": "ok"})
 
-    async def _approve_endpoint(self, request: Request) -> Response:
-        if not self._authorized(request.headers.get("authorization", "").encode()):
-            return _error_response(401, "failed", _UNAUTHORIZED)
-        charge = _Charge(self._inflight)
-        try:
-            return await self._approve_body(request, charge)
-        finally:
-            charge.release()
-
-    async def _approve_body(self, request: Request, charge: _Charge) -> Response:
-        raw = await self._read_body(request.headers.get("content-length"), request.receive, charge)
-        if raw is None:
-            return Response(status_code=400)  # the client left; nobody reads this
-        if isinstance(raw, tuple):
-            status, content = raw
-            return Response(content, status_code=status, media_type="application/json")
-        try:
-            body = _RunRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            return _error_response(400, "failed", f"The approval request is malformed: {_summarise(exc)}")
-        del raw
-        if body.server_params:
-            return _error_response(400, "failed", "An approval request cannot carry server_params.")
-        try:
-            ticket = await self._approve_shell(body, f"{body.server_name}.{body.tool_name}")
-        except _ToolCallError as exc:
-            return _error_response(exc.status, exc.kind, exc.message)
-        if ticket is not None:
-            ticket.finish(200, b"", outcome="approved")  # the kernel runs it: no outcome is seen here
-        return JSONResponse({"result": None})
-
-    async def _shell_endpoint(self, request: Request) -> Response:
-        if not self._authorized(request.headers.get("authorization", "").encode()):
-            return _error_response(401, "failed", _UNAUTHORIZED)
-        # The body (a command line) counts toward the in-flight budget only while it is read.
-        charge = _Charge(self._inflight)
-        try:
-            raw = await self._read_body(request.headers.get("content-length"), request.receive, charge)
-        finally:
-            charge.release()
-        if raw is None:
-            return Response(status_code=400)  # the client left; nobody reads this
-        if isinstance(raw, tuple):
-            status, content = raw
-            return Response(content, status_code=status, media_type="application/json")
-        try:
-            body = _ShellRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            return _error_response(
-                400, "failed", f"The shell command request is malformed: {_summarise(exc)}"
-            )
-        runner = self.shell_runner
-        if runner is None:
-            return _error_response(
-                400,
-                "failed",
-                "This tool server runs no shell commands: only a sandboxed kernel whose shell commands need "
-                "approval sends them here (CodeExecutor(sandbox=True, approve_shell_cmds=True)).",
-            )
-        if body.kind == "shell_magic" and not body.argv:
-            return _error_response(400, "failed", "A shell_magic request needs argv, the program to run.")
-        tool_args, argv = _shell_call(body)
-        approval = _RunRequest(server_name="ipybox", tool_name=body.kind, tool_args=tool_args)
-        try:
-            ticket = await self._approve_shell(approval, f"ipybox.{body.kind}")
-        except _ToolCallError as exc:
-            return _error_response(exc.status, exc.kind, exc.message)
-        response: Response | None = None
-        try:
-            response = await self._run_shell(runner, body, argv, request.receive)
-            return response
-        finally:
-            if ticket is not None:
-                ticket.finish(*((response.status_code, bytes(response.body)) if response else (None, None)))
-
-    async def _approve_shell(self, approval: _RunRequest, call: str) -> Ticket | None:
-        """Ask for a shell command (or another ``/approve`` request); its ticket once allowed."""
-        # ---- policy and audit hook (ipybox.app._gate) for shell commands ----
-        if self.gate is None:
-            await self._approve(approval, call)
-            return None
-        ticket = self.gate.ticket(approval.server_name, approval.tool_name, approval.tool_args)
-        try:
-            await ticket.admit(annotations=None, ask=lambda: self._approve(approval, call))
-        except GateDenied as exc:
-            message = f"{call} was refused: {exc.reason}."
-            ticket.finish(exc.status, _error(exc.status, exc.kind, message)[1])
-            raise _ToolCallError(exc.status, exc.kind, message) from None
-        except _ToolCallError as exc:
-            ticket.finish(exc.status, _error(exc.status, exc.kind, exc.message)[1])
-            raise
-        return ticket
         # ---- end of the policy and audit hook for shell commands ----
-
-    async def _run_shell(
-        self, runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
-    ) -> Response:
-        running = await _run_while_connected(runner, body, argv, receive)
-        if running.cancelled():
-            return Response(status_code=400)  # the client left; nobody reads this
-        try:
-            result = running.result()
-        except OSError as exc:
-            return _error_response(502, "failed", f"The shell command could not be started: {exc}")
-        return Response(
-            _json(
-                {
-                    "stdout": result.stdout.decode(errors="replace"),
-                    "stderr": result.stderr.decode(errors="replace"),
-                    "exit_code": result.exit_code,
-                    "stopped": result.stopped,
-                }
-            ),
-            media_type="application/json",
-        )
 
     async def _approval(self, websocket: WebSocket) -> None:
         if self._approval_secret is not None:
@@ -521,6 +406,3 @@ class ToolServer(_ToolCalls):
                 charge.release()
         else:
             await self._app(scope, receive, send)
-
-    def _authorized(self, authorization: bytes) -> bool:
-        return self._token is None or self._token.accepts(authorization)

@@ -1,0 +1,154 @@
+"""The tool server's endpoints for what the kernel runs itself: ``POST /approve`` and ``POST /shell``.
+
+Application side only. `_ShellRoutes` is a base of :class:`ipybox.app._tool_server.ToolServer`:
+``/approve`` only asks the application (and the policy gate) about a shell command the kernel
+runs; ``/shell`` asks, then runs the command with ``shell_runner`` while the kernel stays
+connected. It also holds the bearer-token check every endpoint but ``/status`` makes.
+"""
+
+from __future__ import annotations
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive
+
+from ipybox._infra import BearerToken
+from ipybox.app._gate import GateDenied, Ticket
+from ipybox.app._shell import ShellRunner, _run_while_connected, _shell_call, _ShellRequest
+from ipybox.app._tool_calls import _RunRequest, _ToolCallError, _ToolCalls
+from ipybox.app._tool_http import (
+    _UNAUTHORIZED,
+    _Charge,
+    _error,
+    _error_response,
+    _InflightBudget,
+    _json,
+    _summarise,
+)
+
+
+class _ShellRoutes(_ToolCalls):
+    """Serves ``POST /approve`` and ``POST /shell`` (the shell commands of a kernel)."""
+
+    shell_runner: ShellRunner | None
+    _inflight: _InflightBudget
+    _token: BearerToken | None
+
+    async def _approve_endpoint(self, request: Request) -> Response:
+        if not self._authorized(request.headers.get("authorization", "").encode()):
+            return _error_response(401, "failed", _UNAUTHORIZED)
+        charge = _Charge(self._inflight)
+        try:
+            return await self._approve_body(request, charge)
+        finally:
+            charge.release()
+
+    async def _approve_body(self, request: Request, charge: _Charge) -> Response:
+        raw = await self._read_body(request.headers.get("content-length"), request.receive, charge)
+        if raw is None:
+            return Response(status_code=400)  # the client left; nobody reads this
+        if isinstance(raw, tuple):
+            status, content = raw
+            return Response(content, status_code=status, media_type="application/json")
+        try:
+            body = _RunRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            return _error_response(400, "failed", f"The approval request is malformed: {_summarise(exc)}")
+        del raw
+        if body.server_params:
+            return _error_response(400, "failed", "An approval request cannot carry server_params.")
+        try:
+            ticket = await self._approve_shell(body, f"{body.server_name}.{body.tool_name}")
+        except _ToolCallError as exc:
+            return _error_response(exc.status, exc.kind, exc.message)
+        if ticket is not None:
+            ticket.finish(200, b"", outcome="approved")  # the kernel runs it: no outcome is seen here
+        return JSONResponse({"result": None})
+
+    async def _shell_endpoint(self, request: Request) -> Response:
+        if not self._authorized(request.headers.get("authorization", "").encode()):
+            return _error_response(401, "failed", _UNAUTHORIZED)
+        # The body (a command line) counts toward the in-flight budget only while it is read.
+        charge = _Charge(self._inflight)
+        try:
+            raw = await self._read_body(request.headers.get("content-length"), request.receive, charge)
+        finally:
+            charge.release()
+        if raw is None:
+            return Response(status_code=400)  # the client left; nobody reads this
+        if isinstance(raw, tuple):
+            status, content = raw
+            return Response(content, status_code=status, media_type="application/json")
+        try:
+            body = _ShellRequest.model_validate_json(raw)
+        except ValidationError as exc:
+            return _error_response(
+                400, "failed", f"The shell command request is malformed: {_summarise(exc)}"
+            )
+        runner = self.shell_runner
+        if runner is None:
+            return _error_response(
+                400,
+                "failed",
+                "This tool server runs no shell commands: only a sandboxed kernel whose shell commands need "
+                "approval sends them here (CodeExecutor(sandbox=True, approve_shell_cmds=True)).",
+            )
+        if body.kind == "shell_magic" and not body.argv:
+            return _error_response(400, "failed", "A shell_magic request needs argv, the program to run.")
+        tool_args, argv = _shell_call(body)
+        approval = _RunRequest(server_name="ipybox", tool_name=body.kind, tool_args=tool_args)
+        try:
+            ticket = await self._approve_shell(approval, f"ipybox.{body.kind}")
+        except _ToolCallError as exc:
+            return _error_response(exc.status, exc.kind, exc.message)
+        response: Response | None = None
+        try:
+            response = await self._run_shell(runner, body, argv, request.receive)
+            return response
+        finally:
+            if ticket is not None:
+                ticket.finish(*((response.status_code, bytes(response.body)) if response else (None, None)))
+
+    async def _approve_shell(self, approval: _RunRequest, call: str) -> Ticket | None:
+        """Ask for a shell command (or another ``/approve`` request); its ticket once allowed."""
+        # ---- policy and audit hook (ipybox.app._gate) for shell commands ----
+        if self.gate is None:
+            await self._approve(approval, call)
+            return None
+        ticket = self.gate.ticket(approval.server_name, approval.tool_name, approval.tool_args)
+        try:
+            await ticket.admit(annotations=None, ask=lambda: self._approve(approval, call))
+        except GateDenied as exc:
+            message = f"{call} was refused: {exc.reason}."
+            ticket.finish(exc.status, _error(exc.status, exc.kind, message)[1])
+            raise _ToolCallError(exc.status, exc.kind, message) from None
+        except _ToolCallError as exc:
+            ticket.finish(exc.status, _error(exc.status, exc.kind, exc.message)[1])
+            raise
+        return ticket
+
+    async def _run_shell(
+        self, runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
+    ) -> Response:
+        running = await _run_while_connected(runner, body, argv, receive)
+        if running.cancelled():
+            return Response(status_code=400)  # the client left; nobody reads this
+        try:
+            result = running.result()
+        except OSError as exc:
+            return _error_response(502, "failed", f"The shell command could not be started: {exc}")
+        return Response(
+            _json(
+                {
+                    "stdout": result.stdout.decode(errors="replace"),
+                    "stderr": result.stderr.decode(errors="replace"),
+                    "exit_code": result.exit_code,
+                    "stopped": result.stopped,
+                }
+            ),
+            media_type="application/json",
+        )
+
+    def _authorized(self, authorization: bytes) -> bool:
+        return self._token is None or self._token.accepts(authorization)
