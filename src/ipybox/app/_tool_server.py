@@ -53,6 +53,7 @@ from starlette.websockets import WebSocket
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ipybox._infra import BearerToken, Uvicorn, listen
+from ipybox._wire import SHELL_SERVER_NAME, AnswerFields, ShellAnswerFields, ShellFields, ToolServerPaths
 from ipybox.app._approval_server import (
     POLICY_VIOLATION,
     ApprovalChannel,
@@ -102,7 +103,7 @@ class _RunRequest(BaseModel):
 
 
 class _ShellRequest(BaseModel):
-    """The body of ``POST /shell``."""
+    """The body of ``POST /shell``: the fields of ``ShellFields`` (a test checks they agree)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -391,9 +392,9 @@ class ToolServer:
         self._serve_task: asyncio.Task[None] | None = None
         self._app = Starlette(
             routes=[
-                Route("/reset", self._reset_endpoint, methods=["PUT"]),
-                Route("/approve", self._approve_endpoint, methods=["POST"]),
-                Route("/shell", self._shell_endpoint, methods=["POST"]),
+                Route(ToolServerPaths.RESET, self._reset_endpoint, methods=["PUT"]),
+                Route(ToolServerPaths.APPROVE, self._approve_endpoint, methods=["POST"]),
+                Route(ToolServerPaths.SHELL, self._shell_endpoint, methods=["POST"]),
                 Route("/status", self._status, methods=["GET"]),
                 WebSocketRoute("/approval", self._approval),
             ]
@@ -541,7 +542,7 @@ class ToolServer:
             await self._approve(body, f"{body.server_name}.{body.tool_name}")
         except _ToolCallError as exc:
             return _error_response(exc.status, exc.kind, exc.message)
-        return JSONResponse({"result": None})
+        return JSONResponse({AnswerFields.RESULT: None})
 
     async def _shell_endpoint(self, request: Request) -> Response:
         if not self._authorized(request.headers.get("authorization", "").encode()):
@@ -571,10 +572,10 @@ class ToolServer:
                 "This tool server runs no shell commands: only a sandboxed kernel whose shell commands need "
                 "approval sends them here (CodeExecutor(sandbox=True, approve_shell_cmds=True)).",
             )
-        if body.kind == "shell_magic" and not body.argv:
+        if body.kind == ShellFields.SHELL_MAGIC and not body.argv:
             return _error_response(400, "failed", "A shell_magic request needs argv, the program to run.")
         tool_args, argv = _shell_call(body)
-        approval = _RunRequest(server_name="ipybox", tool_name=body.kind, tool_args=tool_args)
+        approval = _RunRequest(server_name=SHELL_SERVER_NAME, tool_name=body.kind, tool_args=tool_args)
         try:
             await self._approve(approval, f"ipybox.{body.kind}")
         except _ToolCallError as exc:
@@ -589,10 +590,10 @@ class ToolServer:
         return Response(
             _json(
                 {
-                    "stdout": result.stdout.decode(errors="replace"),
-                    "stderr": result.stderr.decode(errors="replace"),
-                    "exit_code": result.exit_code,
-                    "stopped": result.stopped,
+                    ShellAnswerFields.STDOUT: result.stdout.decode(errors="replace"),
+                    ShellAnswerFields.STDERR: result.stderr.decode(errors="replace"),
+                    ShellAnswerFields.EXIT_CODE: result.exit_code,
+                    ShellAnswerFields.STOPPED: result.stopped,
                 }
             ),
             media_type="application/json",
@@ -609,7 +610,7 @@ class ToolServer:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # POST /run is the hot path (one request per tool call from a kernel): it is served
         # straight from the ASGI messages, everything else goes through Starlette.
-        if scope["type"] == "http" and scope["path"] == "/run" and scope["method"] == "POST":
+        if scope["type"] == "http" and scope["path"] == ToolServerPaths.RUN and scope["method"] == "POST":
             authorization = b""
             length: bytes | None = None
             for name, value in scope["headers"]:
@@ -747,18 +748,18 @@ class ToolServer:
         if body.content:
             answer = _json(
                 {
-                    "content": [
+                    AnswerFields.CONTENT: [
                         block.model_dump(mode="json", by_alias=True, exclude_none=True)
                         for block in result.content
                     ],
-                    "structured": result.structured_content,
+                    AnswerFields.STRUCTURED: result.structured_content,
                 }
             )
         elif result.structured_content is not None:
-            answer = _json({"result": result.structured_content})
+            answer = _json({AnswerFields.RESULT: result.structured_content})
         else:
             texts = [block.text for block in result.content if isinstance(block, TextContent)]
-            answer = _json({"result": "\n".join(texts) if texts else None})
+            answer = _json({AnswerFields.RESULT: "\n".join(texts) if texts else None})
         if len(answer) > self.max_result_size:
             return self._too_large(call, len(answer))
         del result
@@ -908,7 +909,7 @@ class ToolServer:
 
 def _shell_call(body: _ShellRequest) -> tuple[dict[str, Any], list[str]]:
     """The arguments a shell request is approved with, and the program line it runs."""
-    if body.kind == "shell":
+    if body.kind == ShellFields.SHELL:
         return {"cmd": body.cmd}, ["/bin/sh", "-c", body.cmd]
     assert body.argv is not None
     tool_args: dict[str, Any] = {"magic": body.argv[0], "cmd": body.cmd}
@@ -921,8 +922,9 @@ async def _run_while_connected(
     runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
 ) -> asyncio.Future[ShellResult]:
     """Run an approved shell request; it is cancelled if the kernel closes the connection first."""
-    cell = body.cmd.encode() if body.kind == "shell_magic" else None
-    running = asyncio.ensure_future(runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == "shell"))
+    cell = body.cmd.encode() if body.kind == ShellFields.SHELL_MAGIC else None
+    merge = body.kind == ShellFields.SHELL
+    running = asyncio.ensure_future(runner.run(argv, cwd=body.cwd, stdin=cell, merge=merge))
     # The kernel closes the connection when its cell is interrupted: the command stops with it.
     gone = asyncio.ensure_future(_disconnected(receive))
     try:
@@ -996,7 +998,7 @@ def _json(value: Any) -> bytes:
 
 
 def _error(status: int, kind: ToolCallOutcome, message: str) -> tuple[int, bytes]:
-    return status, _json({"error": {"kind": kind, "message": message}})
+    return status, _json({AnswerFields.ERROR: {AnswerFields.KIND: kind, AnswerFields.MESSAGE: message}})
 
 
 def _error_response(status: int, kind: ToolCallOutcome, message: str) -> Response:
