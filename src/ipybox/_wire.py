@@ -106,7 +106,7 @@ class UserEnv:
 class RunFields:
     """The field names of a ``POST /run`` body.
 
-    Built by the kernel (``kernel/_tool_client.py``); validated by the tool server
+    Built by the kernel (``kernel/_calls.py``); validated by the tool server
     (``app/_tool_server.py``), whose model has these fields.
     """
 
@@ -162,7 +162,7 @@ SHELL_SERVER_NAME: Final = "ipybox"
 class ShellFields:
     """The field names of a ``POST /shell`` body, and its two kinds.
 
-    Built by the kernel (``kernel/_tool_client.py``); validated by the tool server
+    Built by the kernel (``kernel/_calls.py``); validated by the tool server
     (``app/_tool_server.py``), whose model has these fields.
     """
 

@@ -19,13 +19,12 @@ _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\
 )
 
 
-class DroppingServer:
-    """Answers the first request of each connection, then reads the next one and drops the connection."""
+class RawServer:
+    """A plain socket server on a free port; `handle` serves each connection, in a thread of its own."""
 
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
-        self.requests = 0
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -35,16 +34,18 @@ class DroppingServer:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            with conn:
-                for answer in (True, False):
-                    if not self._read_request(conn):
-                        break
-                    self.requests += 1
-                    if answer:
-                        conn.sendall(_OK)
+            threading.Thread(target=self._handle_and_close, args=(conn,), daemon=True).start()
+
+    def _handle_and_close(self, conn: socket.socket) -> None:
+        with conn:
+            self.handle(conn)
+
+    def handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
 
     @staticmethod
-    def _read_request(conn: socket.socket) -> bool:
+    def read_request(conn: socket.socket) -> bool:
+        """Read one request; ``False`` when the client closed the connection instead."""
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = conn.recv(65536)
@@ -65,6 +66,22 @@ class DroppingServer:
         self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
         self.listener.close()
         self._thread.join(timeout=10)
+
+
+class DroppingServer(RawServer):
+    """Answers the first request of each connection, then reads the next one and drops the connection."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        super().__init__()
+
+    def handle(self, conn: socket.socket) -> None:
+        for answer in (True, False):
+            if not self.read_request(conn):
+                break
+            self.requests += 1
+            if answer:
+                conn.sendall(_OK)
 
 
 @pytest.fixture
@@ -152,40 +169,23 @@ def test_the_async_api_works_under_one_asyncio_run_after_another(dropping_server
     runner.close()
 
 
-class AnsweringServer:
-    """Answers every request with `answer`, sent `piece` bytes at a time (a thread per connection);
-    with `close_after_answer`, then closes the connection."""
+class AnsweringServer(RawServer):
+    """Answers every request with `answer`, sent `piece` bytes at a time; with
+    `close_after_answer`, then closes the connection."""
 
     def __init__(self, answer: bytes, piece: int) -> None:
         self.answer = answer
         self.piece = piece
         self.close_after_answer = False
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self.listener.getsockname()[1]
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        super().__init__()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        with conn:
-            while DroppingServer._read_request(conn):
-                for start in range(0, len(self.answer), self.piece):
-                    conn.sendall(self.answer[start : start + self.piece])
-                if self.close_after_answer:
-                    return
-
-    def close(self) -> None:
-        self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        self._thread.join(timeout=10)
+        while self.read_request(conn):
+            for start in range(0, len(self.answer), self.piece):
+                conn.sendall(self.answer[start : start + self.piece])
+            if self.close_after_answer:
+                return
 
 
 _CHUNKED = (

@@ -30,7 +30,7 @@ from ipybox.kernel._http import (
     request_head,
 )
 
-__all__ = ["Exchange", "Step", "ToolCalls", "proxy_address"]
+__all__ = ["Exchange", "Step", "Steps", "ToolCalls", "proxy_address"]
 
 
 class Step(enum.Enum):
@@ -54,6 +54,51 @@ Exchange = Generator[Step | bytes | int, Any, Response]
 # Module globals: a member looked up on the enum class costs more, on every step of every call.
 _ACQUIRE, _DROP = Step.ACQUIRE, Step.DROP
 
+
+class Steps:
+    """Walks a shell through an exchange: the next step it asks for, given what came of the last.
+
+    Example:
+        .. code-block:: python
+
+            steps = Steps(exchange)
+            while (step := steps.next()) is not None:
+                try:
+                    steps.value = do(step)
+                except BaseException as exc:  # the exchange decides what it means
+                    steps.error = exc
+            response = steps.response
+    """
+
+    __slots__ = ("_exchange", "error", "response", "value")
+
+    def __init__(self, exchange: Exchange) -> None:
+        self._exchange = exchange
+        self.value: Any = None
+        """What came of the last step, handed to the exchange."""
+        self.error: BaseException | None = None
+        """What the last step raised instead, thrown into the exchange."""
+        self.response: Response | None = None
+        """The response, once the exchange has ended."""
+
+    def next(self) -> Step | bytes | int | None:
+        """The next step, or ``None`` once the exchange has its response.
+
+        Raises:
+            ToolRunnerError: The request failed (what else the exchange raises goes on too).
+        """
+        __tracebackhide__ = True
+        error = self.error
+        try:
+            if error is None:
+                return self._exchange.send(self.value)
+            self.error = None
+            return self._exchange.throw(error)
+        except StopIteration as done:
+            self.response = done.value
+            return None
+
+
 # Where an exchange stopped, for what its error says.
 _CONNECT, _SEND, _RECEIVE = "connect", "send", "receive"
 # What a connection the other side closed raises on a send or a receive.
@@ -63,6 +108,8 @@ _KINDS: frozenset[str] = frozenset(get_args(ToolCallOutcome))
 # The parts of a ``/run`` body after the tool name, written once.
 _ARGS_KEY = f', "{RunFields.TOOL_ARGS}": '
 _CONTENT_TAIL = f', "{RunFields.CONTENT}": true}}'
+# The tool names whose start of a body is kept (a runner calls a few tools, many times each).
+_MAX_STARTS = 256
 
 
 class ToolCalls:
@@ -110,6 +157,8 @@ class ToolCalls:
         # The ``/run`` body up to the tool name, encoded once.
         head = run_head(server_name, server_params)
         self._body_head = json.dumps(head)[:-1] + f', "{RunFields.TOOL_NAME}": '
+        # The body up to the arguments, for each tool name called.
+        self._starts: dict[str, str] = {}
 
     def run(self, tool_name: str, tool_args: dict[str, Any], content: bool = False) -> Exchange:
         """The steps of a ``/run`` request (``content``: the answer carries every content part)."""
@@ -144,7 +193,7 @@ class ToolCalls:
         """
         __tracebackhide__ = True
         try:
-            args = json.dumps(tool_args, default=_to_json)
+            args = _encode(tool_args)
         except (TypeError, ValueError) as exc:
             raise ToolRunnerError(
                 f"Tool call {self.server_name}.{tool_name} failed: its arguments cannot be sent as JSON ({exc}).",
@@ -152,8 +201,12 @@ class ToolCalls:
                 self.server_name,
                 tool_name,
             ) from exc
-        tail = _CONTENT_TAIL if content else "}"
-        return f"{self._body_head}{json.dumps(tool_name)}{_ARGS_KEY}{args}{tail}".encode()
+        start = self._starts.get(tool_name)
+        if start is None:
+            start = f"{self._body_head}{json.dumps(tool_name)}{_ARGS_KEY}"
+            if len(self._starts) < _MAX_STARTS:
+                self._starts[tool_name] = start
+        return f"{start}{args}{_CONTENT_TAIL if content else '}'}".encode()
 
     def request(self, method: str, path: str, body: bytes) -> bytes:
         """The bytes of a request with `body`."""
@@ -238,7 +291,7 @@ class ToolCalls:
         __tracebackhide__ = True
         if response.status == 200:
             try:
-                result: dict[str, Any] | str | None = json.loads(response.body)[AnswerFields.RESULT]
+                result: dict[str, Any] | str | None = _decode(response.body.decode())[AnswerFields.RESULT]
             except (ValueError, KeyError, TypeError) as exc:
                 raise self._invalid(response, tool_name, exc) from exc
             return result
@@ -253,7 +306,7 @@ class ToolCalls:
         __tracebackhide__ = True
         if response.status == 200:
             try:
-                answer = json.loads(response.body)
+                answer = _decode(response.body.decode())
                 return from_json(answer[AnswerFields.CONTENT], answer.get(AnswerFields.STRUCTURED))
             except (ValueError, KeyError, TypeError) as exc:
                 raise self._invalid(response, tool_name, exc) from exc
@@ -268,7 +321,7 @@ class ToolCalls:
         __tracebackhide__ = True
         self.check(response, kind)
         try:
-            result = json.loads(response.body)
+            result = _decode(response.body.decode())
             if not isinstance(result, dict):
                 raise TypeError("not a JSON object")
         except (ValueError, TypeError) as exc:
@@ -289,7 +342,7 @@ class ToolCalls:
         """The error an answer other than 200 stands for, with the outcome kind it names."""
         kind: ToolCallOutcome = "failed"
         try:
-            error = json.loads(response.body)[AnswerFields.ERROR]
+            error = _decode(response.body.decode())[AnswerFields.ERROR]
             message = str(error[AnswerFields.MESSAGE])
             if error.get(AnswerFields.KIND) in _KINDS:
                 kind = error[AnswerFields.KIND]
@@ -358,3 +411,9 @@ def _to_json(value: Any) -> Any:
     if isinstance(value, set | frozenset):
         return list(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+# One encoder for every call (``json.dumps(..., default=...)`` makes a new one each time).
+_encode = json.JSONEncoder(default=_to_json).encode
+# The tool server answers in UTF-8 (``json.loads`` of bytes would first guess the encoding).
+_decode = json.JSONDecoder().decode

@@ -17,7 +17,7 @@ import threading
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ipybox.kernel._calls import Exchange, Step
+from ipybox.kernel._calls import Exchange, Step, Steps
 from ipybox.kernel._http import Response
 
 __all__ = ["Address", "AsyncShell", "SyncShell"]
@@ -56,22 +56,16 @@ class SyncShell:
         """Run `exchange` to its end; the connection is kept for the next one if the answer allows."""
         __tracebackhide__ = True
         with self._lock:
-            value: Any = None
-            error: BaseException | None = None
-            while True:
+            steps = Steps(exchange)
+            while (step := steps.next()) is not None:
                 try:
-                    step = exchange.send(value) if error is None else exchange.throw(error)
-                except StopIteration as done:
-                    response: Response = done.value
-                    break
-                error = None
-                try:
-                    value = self._do(step)
+                    steps.value = self._do(step)
                 except BaseException as exc:  # the exchange decides what it means
-                    error = exc
-            if not response.keep_alive:
+                    steps.error = exc
+            assert steps.response is not None
+            if not steps.response.keep_alive:
                 self.close()
-            return response
+            return steps.response
 
     def _do(self, step: Step | bytes | int) -> Any:
         sock = self.sock
@@ -128,30 +122,23 @@ class AsyncShell:
         __tracebackhide__ = True
         stream: _Stream | None = None
         deadline: float | None = None
-        value: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = exchange.send(value) if error is None else exchange.throw(error)
-            except StopIteration as done:
-                response: Response = done.value
-                break
-            error = None
+        steps = Steps(exchange)
+        while (step := steps.next()) is not None:
             try:
                 if step is _ACQUIRE:
-                    stream, value = await self._acquire()
+                    stream, steps.value = await self._acquire()
                     continue
                 assert stream is not None
                 if isinstance(step, int):
                     if deadline is None:
                         deadline = asyncio.get_running_loop().time() + self.read_timeout
-                    value = await stream.receive(step, deadline)
+                    steps.value = await stream.receive(step, deadline)
                 else:
-                    value = None
                     await stream.do(step)
             except BaseException as exc:  # the exchange decides what it means
-                error = exc
-        assert stream is not None
+                steps.error = exc
+        response = steps.response
+        assert stream is not None and response is not None
         if response.keep_alive and len(self.idle) < _MAX_IDLE:
             self.idle.append(stream)
         else:
