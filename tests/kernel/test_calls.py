@@ -178,6 +178,25 @@ def test_an_exchange_left_unfinished_closes_quietly() -> None:
     exchange.close()  # no "generator ignored GeneratorExit"
 
 
-def test_arguments_that_are_not_json_fail_before_anything_is_sent() -> None:
+def test_arguments_that_are_not_json_fail_the_call_before_anything_is_sent() -> None:
+    exchange = calls().run("echo", {"x": object()})
+    assert next(exchange) is Step.ACQUIRE
+    assert exchange.send(True) is Step.DROP
     with pytest.raises(ToolRunnerError, match="cannot be sent as JSON"):
-        calls().run("echo", {"x": object()})
+        exchange.send(None)
+
+
+def test_a_request_is_made_once_the_exchange_has_a_connection() -> None:
+    encoded: list[str] = []
+
+    class Arg:
+        def model_dump(self, mode: str) -> str:
+            encoded.append(mode)
+            return "x"
+
+    exchange = calls().run("echo", {"x": Arg()})
+    assert next(exchange) is Step.ACQUIRE
+    assert encoded == []
+    request = exchange.send(False)
+    assert encoded == ["json"]
+    assert isinstance(request, bytes) and request.endswith(b'"tool_args": {"x": "x"}}')

@@ -25,6 +25,8 @@ class RawServer:
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
+        self.accepted = 0
+        self.accepting = threading.Condition()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -34,6 +36,9 @@ class RawServer:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
+            with self.accepting:
+                self.accepted += 1
+                self.accepting.notify_all()
             threading.Thread(target=self._handle_and_close, args=(conn,), daemon=True).start()
 
     def _handle_and_close(self, conn: socket.socket) -> None:
@@ -260,5 +265,28 @@ async def test_a_large_answer_is_read_whole_and_one_cut_short_fails_the_call() -
                 await runner.run("echo", {})
             with pytest.raises(ToolRunnerError, match=r"mid-answer.*not sent again"):
                 await asyncio.to_thread(runner.run_sync, "echo", {})
+    finally:
+        server.close()
+
+
+async def test_gathered_calls_all_connect_before_any_encodes_its_arguments() -> None:
+    # Encoding large arguments holds the event loop; were it done before connecting, the calls
+    # gathered after the first would see their connect_timeout run out while it is held.
+    server = AnsweringServer(_OK, 65536)
+    connected: list[bool] = []
+
+    class Slow:
+        def model_dump(self, mode: str) -> str:
+            with server.accepting:  # blocks the event loop, as a long encoding does
+                connected.append(server.accepting.wait_for(lambda: server.accepted >= 10, timeout=10))
+            return "slow"
+
+    try:
+        async with ToolRunner(
+            "demo", {}, "127.0.0.1", server.port, connect_timeout=5, read_timeout=30
+        ) as runner:
+            results = await asyncio.gather(*(runner.run("echo", {"arg": Slow()}) for _ in range(10)))
+        assert results == [{"answer": 42}] * 10
+        assert connected == [True] * 10
     finally:
         server.close()

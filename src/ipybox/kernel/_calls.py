@@ -15,7 +15,8 @@ from __future__ import annotations
 import enum
 import json
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from functools import partial
 from typing import Any, get_args
 
 from ipybox._wire import AnswerFields, RunFields, ShellFields, ToolServerPaths, run_head
@@ -162,28 +163,32 @@ class ToolCalls:
 
     def run(self, tool_name: str, tool_args: dict[str, Any], content: bool = False) -> Exchange:
         """The steps of a ``/run`` request (``content``: the answer carries every content part)."""
-        __tracebackhide__ = True  # IPython leaves ipybox's own frames out of the agent's traceback
         return self.exchange(
-            self.request("POST", ToolServerPaths.RUN, self.body(tool_name, tool_args, content)), tool_name
+            partial(self._tool_request, ToolServerPaths.RUN, tool_name, tool_args, content), tool_name
         )
 
     def approve(self, tool_name: str, tool_args: dict[str, Any]) -> Exchange:
         """The steps of an ``/approve`` request."""
-        __tracebackhide__ = True
         return self.exchange(
-            self.request("POST", ToolServerPaths.APPROVE, self.body(tool_name, tool_args)), tool_name
+            partial(self._tool_request, ToolServerPaths.APPROVE, tool_name, tool_args, False), tool_name
         )
+
+    def _tool_request(self, path: str, tool_name: str, tool_args: dict[str, Any], content: bool) -> bytes:
+        __tracebackhide__ = True  # IPython leaves ipybox's own frames out of the agent's traceback
+        return self.request("POST", path, self.body(tool_name, tool_args, content))
 
     def shell(self, kind: str, cmd: str, cwd: str, argv: list[str] | None) -> Exchange:
         """The steps of a ``/shell`` request."""
         fields: dict[str, Any] = {ShellFields.KIND: kind, ShellFields.CMD: cmd, ShellFields.CWD: cwd}
         if argv is not None:
             fields[ShellFields.ARGV] = argv
-        return self.exchange(self.request("POST", ToolServerPaths.SHELL, json.dumps(fields).encode()), kind)
+        return self.exchange(
+            lambda: self.request("POST", ToolServerPaths.SHELL, json.dumps(fields).encode()), kind
+        )
 
     def reset(self) -> Exchange:
         """The steps of a ``/reset`` request."""
-        return self.exchange(self.request("PUT", ToolServerPaths.RESET, b""), "")
+        return self.exchange(lambda: self.request("PUT", ToolServerPaths.RESET, b""), "")
 
     def body(self, tool_name: str, tool_args: dict[str, Any], content: bool = False) -> bytes:
         """The JSON body of a ``/run`` (or ``/approve``) request.
@@ -217,20 +222,26 @@ class ToolCalls:
             head = self._heads[key] = request_head(method, self._target + path, host, self._headers)
         return head + str(len(body)).encode() + b"\r\n\r\n" + body
 
-    def exchange(self, request: bytes, tool_name: str) -> Exchange:
-        """The steps of one request: get a connection, send the request, read the answer.
+    def exchange(self, build: Callable[[], bytes], tool_name: str) -> Exchange:
+        """The steps of one request: get a connection, send the request `build` makes, read the answer.
 
-        A request whose send fails on a kept connection (the tool server closed it while it
-        was idle) is sent once more, on a new connection. Once a request is sent, it is never
-        sent again (a tool call runs at most once). Whatever stops an exchange after it has a
-        connection, an interrupt or a cancellation too, has the shell drop that connection.
+        The request is made once there is a connection: calls gathered in the kernel all ask for
+        theirs before any encodes its arguments (a large body takes a while), so encoding one
+        does not count against another's ``connect_timeout``. A request whose send fails on a
+        kept connection (the tool server closed it while it was idle) is sent once more, on a
+        new connection. Once a request is sent, it is never sent again (a tool call runs at most
+        once). Whatever stops an exchange after it has a connection, an interrupt or a
+        cancellation too, has the shell drop that connection.
         """
         __tracebackhide__ = True
+        request: bytes | None = None
         for attempt in (1, 2):
             stage = _CONNECT
             try:
                 reused = yield _ACQUIRE
                 stage = _SEND
+                if request is None:
+                    request = build()
                 yield request
                 stage = _RECEIVE
                 reader = ResponseReader(self.limits)
@@ -246,7 +257,7 @@ class ToolCalls:
                     continue  # a kept connection closed just now: the request did not get through
                 error = self._failure(tool_name, exc, stage)
                 if error is None:
-                    raise  # an interrupt or a cancellation goes on as it is
+                    raise  # an interrupt, a cancellation or arguments that are not JSON go on as they are
                 raise error from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
