@@ -64,7 +64,7 @@ class SyncShell:
                     steps.error = exc
             assert steps.response is not None
             if not steps.response.keep_alive:
-                self.close()
+                self._close()
             return steps.response
 
     def _do(self, step: Step | bytes | int) -> Any:
@@ -78,20 +78,24 @@ class SyncShell:
             return None
         if step is _ACQUIRE:
             return self._acquire()
-        self.close()
+        self._close()
         return None
 
     def _acquire(self) -> bool:
         if self.sock is not None:
             if not _readable(self.sock):
                 return True
-            self.close()  # the tool server closed the idle connection (EOF is readable)
+            self._close()  # the tool server closed the idle connection (EOF is readable)
         self.sock = _connect(self.address, self.connect_timeout)
         self.sock.settimeout(self.read_timeout)
         return False
 
     def close(self) -> None:
-        """Close the kept connection (the next exchange opens a new one)."""
+        """Close the kept connection once no exchange runs on it (the next exchange opens a new one)."""
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
