@@ -2,16 +2,28 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import get_args
 
 import pytest
 
-from ipybox._wire import GatewayEnv, RunFields, ToolServerEnv
+from ipybox._wire import (
+    GatewayEnv,
+    RunFields,
+    ShellAnswerFields,
+    ShellFields,
+    ToolServerEnv,
+    ToolServerPaths,
+)
+from ipybox.app._shell import ShellResult, _ShellRequest
 from ipybox.app._tool_calls import _RunRequest
+from ipybox.app._tool_http import _error
 from ipybox.errors import ToolCallOutcome
 from ipybox.gateway._limits import KernelLimits
-from ipybox.kernel import _tool_client
+from ipybox.kernel import _calls
+from ipybox.kernel._calls import Step
+from ipybox.kernel._http import Response
 from ipybox.kernel._tool_client import ToolRunner
 
 
@@ -51,7 +63,7 @@ def test_the_body_the_kernel_writes_is_the_one_the_tool_server_reads(
     content: bool, server_params: dict[str, object] | None
 ) -> None:
     runner = ToolRunner("demo", server_params or {}, token="", proxy="", socket_path="")
-    body = runner._body("echo", {"text": "hi"}, content=content)
+    body = runner._calls.body("echo", {"text": "hi"}, content=content)
     request = _RunRequest.model_validate_json(body)
     assert (request.server_name, request.tool_name, request.tool_args) == ("demo", "echo", {"text": "hi"})
     assert request.server_params == server_params
@@ -59,8 +71,39 @@ def test_the_body_the_kernel_writes_is_the_one_the_tool_server_reads(
     assert set(json.loads(body)) <= RunFields.ALL
 
 
+def test_the_tool_servers_shell_model_has_the_shell_fields_and_kinds() -> None:
+    assert set(_ShellRequest.model_fields) == ShellFields.ALL
+    assert set(get_args(_ShellRequest.model_fields[ShellFields.KIND].annotation)) == ShellFields.KINDS
+    assert {field.name for field in dataclasses.fields(ShellResult)} == ShellAnswerFields.ALL
+
+
+@pytest.mark.parametrize(
+    ("kind", "argv"), [(ShellFields.SHELL, None), (ShellFields.SHELL_MAGIC, ["bash", "-e"])]
+)
+def test_the_shell_request_the_kernel_writes_is_the_one_the_tool_server_reads(
+    kind: str, argv: list[str] | None
+) -> None:
+    runner = ToolRunner("ipybox", {}, token="", proxy="", socket_path="")
+    exchange = runner._calls.shell(kind, "echo hi", "/work", argv)
+    assert next(exchange) is Step.ACQUIRE
+    request = exchange.send(False)  # a new connection: the next step sends the request
+    assert isinstance(request, bytes)
+    assert request.startswith(f"POST {ToolServerPaths.SHELL} HTTP/1.1\r\n".encode())
+    body = _ShellRequest.model_validate_json(request.partition(b"\r\n\r\n")[2])
+    assert (body.kind, body.cmd, body.argv, body.cwd) == (kind, "echo hi", argv, "/work")
+    exchange.close()
+
+
+@pytest.mark.parametrize("kind", sorted(get_args(ToolCallOutcome)))
+def test_the_kernel_reads_the_error_the_tool_server_writes(kind: ToolCallOutcome) -> None:
+    status, body = _error(403, kind, "No, not this one.")
+    runner = ToolRunner("demo", {}, token="", proxy="", socket_path="")
+    error = runner._calls.error(Response(status, body, keep_alive=True), "echo")
+    assert (error.kind, str(error)) == (kind, "No, not this one.")
+
+
 def test_the_kernel_knows_every_outcome_kind() -> None:
-    assert _tool_client._KINDS == frozenset(get_args(ToolCallOutcome))
+    assert _calls._KINDS == frozenset(get_args(ToolCallOutcome))
 
 
 def test_the_limits_launcher_writes_the_name_the_gateway_reads() -> None:

@@ -1,4 +1,4 @@
-"""The contract between ipybox's processes: environment variable names and the ``/run`` request.
+"""The contract between ipybox's processes: environment variable names and the tool server's messages.
 
 Each name is defined here once, and the process that writes it and the one that reads it both
 import it from here. The kernel imports this module, so it uses the standard library only.
@@ -106,7 +106,7 @@ class UserEnv:
 class RunFields:
     """The field names of a ``POST /run`` body.
 
-    Built by the kernel (``kernel/_tool_client.py``); validated by the tool server
+    Built by the kernel (``kernel/_calls.py``); validated by the tool server
     (``app/_tool_server.py``), whose model has these fields.
     """
 
@@ -126,3 +126,73 @@ def run_head(server_name: str, server_params: dict[str, Any] | None) -> dict[str
     if server_params:
         head[RunFields.SERVER_PARAMS] = server_params
     return head
+
+
+class ToolServerPaths:
+    """The tool server's endpoints that a kernel calls (``app/_tool_server.py`` serves them)."""
+
+    RUN: Final = "/run"
+    APPROVE: Final = "/approve"
+    SHELL: Final = "/shell"
+    RESET: Final = "/reset"
+
+
+class AnswerFields:
+    """The field names of the tool server's JSON answers to ``/run``, ``/approve`` and errors.
+
+    Written by the tool server (``app/_tool_server.py``); read by the kernel
+    (``kernel/_calls.py``). An error answers ``{ERROR: {KIND: <outcome kind>, MESSAGE: ...}}``.
+    """
+
+    RESULT: Final = "result"
+    """The structured content, else the text parts joined (``/run``), or ``null`` (``/approve``)."""
+    CONTENT: Final = "content"
+    """Every MCP content block, when the request asked for `RunFields.CONTENT`."""
+    STRUCTURED: Final = "structured"
+    """The structured content beside `CONTENT`."""
+    ERROR: Final = "error"
+    KIND: Final = "kind"
+    MESSAGE: Final = "message"
+
+
+SHELL_SERVER_NAME: Final = "ipybox"
+"""The server name of an approval that is not an MCP tool call (a kernel's shell command)."""
+
+
+class ShellFields:
+    """The field names of a ``POST /shell`` body, and its two kinds.
+
+    Built by the kernel (``kernel/_calls.py``); validated by the tool server
+    (``app/_tool_server.py``), whose model has these fields.
+    """
+
+    KIND: ClassVar[str] = "kind"
+    """`SHELL` or `SHELL_MAGIC`; also the tool name the application is asked to approve."""
+    CMD: ClassVar[str] = "cmd"
+    """The command line (`SHELL`), or the cell given to the program on stdin (`SHELL_MAGIC`)."""
+    ARGV: ClassVar[str] = "argv"
+    """The cell magic's program and its arguments (`SHELL_MAGIC` only)."""
+    CWD: ClassVar[str] = "cwd"
+    """The kernel's current folder, where the command runs."""
+
+    ALL: ClassVar[frozenset[str]] = frozenset({KIND, CMD, ARGV, CWD})
+
+    SHELL: ClassVar[str] = "shell"
+    SHELL_MAGIC: ClassVar[str] = "shell_magic"
+    KINDS: ClassVar[frozenset[str]] = frozenset({SHELL, SHELL_MAGIC})
+
+
+class ShellAnswerFields:
+    """The field names of the tool server's answer to ``POST /shell``.
+
+    Written by the tool server (``app/_tool_server.py``); read by the kernel extension
+    (``kernel/_ext.py``).
+    """
+
+    STDOUT: ClassVar[str] = "stdout"
+    STDERR: ClassVar[str] = "stderr"
+    EXIT_CODE: ClassVar[str] = "exit_code"
+    STOPPED: ClassVar[str] = "stopped"
+    """Why the command was stopped before its end (a time or output limit), else ``None``."""
+
+    ALL: ClassVar[frozenset[str]] = frozenset({STDOUT, STDERR, EXIT_CODE, STOPPED})

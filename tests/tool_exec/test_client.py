@@ -19,13 +19,14 @@ _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\
 )
 
 
-class DroppingServer:
-    """Answers the first request of each connection, then reads the next one and drops the connection."""
+class RawServer:
+    """A plain socket server on a free port; `handle` serves each connection, in a thread of its own."""
 
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
-        self.requests = 0
+        self.accepted = 0
+        self.accepting = threading.Condition()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
@@ -35,16 +36,21 @@ class DroppingServer:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
-            with conn:
-                for answer in (True, False):
-                    if not self._read_request(conn):
-                        break
-                    self.requests += 1
-                    if answer:
-                        conn.sendall(_OK)
+            with self.accepting:
+                self.accepted += 1
+                self.accepting.notify_all()
+            threading.Thread(target=self._handle_and_close, args=(conn,), daemon=True).start()
+
+    def _handle_and_close(self, conn: socket.socket) -> None:
+        with conn:
+            self.handle(conn)
+
+    def handle(self, conn: socket.socket) -> None:
+        raise NotImplementedError
 
     @staticmethod
-    def _read_request(conn: socket.socket) -> bool:
+    def read_request(conn: socket.socket) -> bool:
+        """Read one request; ``False`` when the client closed the connection instead."""
         data = b""
         while b"\r\n\r\n" not in data:
             chunk = conn.recv(65536)
@@ -65,6 +71,22 @@ class DroppingServer:
         self.listener.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
         self.listener.close()
         self._thread.join(timeout=10)
+
+
+class DroppingServer(RawServer):
+    """Answers the first request of each connection, then reads the next one and drops the connection."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        super().__init__()
+
+    def handle(self, conn: socket.socket) -> None:
+        for answer in (True, False):
+            if not self.read_request(conn):
+                break
+            self.requests += 1
+            if answer:
+                conn.sendall(_OK)
 
 
 @pytest.fixture
@@ -92,8 +114,8 @@ def test_a_kept_connection_the_server_closed_while_idle_is_replaced_silently(
     runner = ToolRunner("demo", {}, "127.0.0.1", dropping_server.port, connect_timeout=5, read_timeout=10)
     assert runner.run_sync("echo", {"text": "first"}) == {"answer": 42}
     # Private: the kept-alive connection is internal; closing its socket stands for a server's drop.
-    assert runner._connection is not None
-    runner._connection.sock.shutdown(socket.SHUT_WR)  # the server sees EOF and closes its side
+    assert runner._sync.sock is not None
+    runner._sync.sock.shutdown(socket.SHUT_WR)  # the server sees EOF and closes its side
     assert runner.run_sync("echo", {"text": "second"}) == {"answer": 42}
     runner.close()
 
@@ -118,7 +140,7 @@ async def test_an_async_kept_connection_the_server_closed_while_idle_is_replaced
         "demo", {}, "127.0.0.1", dropping_server.port, connect_timeout=5, read_timeout=10
     ) as runner:
         assert await runner.run("echo", {"text": "first"}) == {"answer": 42}
-        [connection] = runner._idle  # private: the pooled connection, to drop it as a server would
+        [connection] = runner._async.idle  # private: the pooled connection, to drop it as a server would
         connection.writer.write_eof()  # the server sees EOF and closes its side
         await connection.reader.read()  # ... which this side has now seen too
         assert await runner.run("echo", {"text": "second"}) == {"answer": 42}
@@ -150,3 +172,121 @@ def test_the_async_api_works_under_one_asyncio_run_after_another(dropping_server
     assert asyncio.run(runner.run("echo", {"text": "second"})) == {"answer": 42}
     assert dropping_server.requests == 2
     runner.close()
+
+
+class AnsweringServer(RawServer):
+    """Answers every request with `answer`, sent `piece` bytes at a time; with
+    `close_after_answer`, then closes the connection."""
+
+    def __init__(self, answer: bytes, piece: int) -> None:
+        self.answer = answer
+        self.piece = piece
+        self.close_after_answer = False
+        super().__init__()
+
+    def handle(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while self.read_request(conn):
+            for start in range(0, len(self.answer), self.piece):
+                conn.sendall(self.answer[start : start + self.piece])
+            if self.close_after_answer:
+                return
+
+
+_CHUNKED = (
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    + b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (_BODY[:7], _BODY[7:]))
+    + b"0\r\n\r\n"
+)
+
+
+@pytest.mark.parametrize("answer", [_OK, _CHUNKED], ids=["content-length", "chunked"])
+@pytest.mark.parametrize("piece", [1, 5, 65536])
+async def test_an_answer_is_read_however_the_server_frames_and_splits_it(answer: bytes, piece: int) -> None:
+    server = AnsweringServer(answer, piece)
+    try:
+        async with ToolRunner(
+            "demo", {}, "127.0.0.1", server.port, connect_timeout=5, read_timeout=10
+        ) as runner:
+            for _ in range(2):  # the second call on the kept connections
+                assert await asyncio.to_thread(runner.run_sync, "echo", {}) == {"answer": 42}
+                assert await runner.run("echo", {}) == {"answer": 42}
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "message"),
+    [
+        (b"HTTP/1.1 200 OK\r\nX-Filler: " + b"x" * 70000 + b"\r\n\r\n", "a head over 65536 bytes"),
+        (b"HTTP/1.1 200 " + b"O" * 9000 + b"\r\n\r\n", "a status line over 8192 bytes"),
+        (b"HTTP/1.1 200 OK\r\n" + b"X-Filler: x\r\n" * 101 + b"\r\n", "more than 100 headers"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2000000000\r\n\r\n", "a body of 2000000000 bytes, over the"),
+    ],
+)
+async def test_an_answer_over_the_kernels_limits_fails_the_call_and_says_why(
+    answer: bytes, message: str
+) -> None:
+    server = AnsweringServer(answer, 65536)
+    try:
+        async with ToolRunner(
+            "demo", {}, "127.0.0.1", server.port, connect_timeout=5, read_timeout=10
+        ) as runner:
+            with pytest.raises(ToolRunnerError, match=message) as info:
+                await asyncio.to_thread(runner.run_sync, "echo", {})
+            assert "it may or may not have run, so it was not sent again" in str(info.value)
+            with pytest.raises(ToolRunnerError, match=message):
+                await runner.run("echo", {})
+    finally:
+        server.close()
+
+
+_LARGE = b'{"result": "' + b"x" * (3 * 1024 * 1024) + b'"}'
+_LARGE_OK = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(_LARGE), _LARGE)
+
+
+async def test_a_large_answer_is_read_whole_and_one_cut_short_fails_the_call() -> None:
+    server = AnsweringServer(_LARGE_OK, 100_000)
+    try:
+        async with ToolRunner(
+            "demo", {}, "127.0.0.1", server.port, connect_timeout=5, read_timeout=10
+        ) as runner:
+            assert await runner.run("echo", {}) == "x" * (3 * 1024 * 1024)
+            assert await asyncio.to_thread(runner.run_sync, "echo", {}) == "x" * (3 * 1024 * 1024)
+    finally:
+        server.close()
+    server = AnsweringServer(_LARGE_OK[: len(_LARGE_OK) // 2], 100_000)
+    server.close_after_answer = True
+    try:
+        async with ToolRunner(
+            "demo", {}, "127.0.0.1", server.port, connect_timeout=5, read_timeout=10
+        ) as runner:
+            with pytest.raises(ToolRunnerError, match=r"mid-answer.*not sent again"):
+                await runner.run("echo", {})
+            with pytest.raises(ToolRunnerError, match=r"mid-answer.*not sent again"):
+                await asyncio.to_thread(runner.run_sync, "echo", {})
+    finally:
+        server.close()
+
+
+async def test_gathered_calls_all_connect_before_any_encodes_its_arguments() -> None:
+    # Encoding large arguments holds the event loop; were it done before connecting, the calls
+    # gathered after the first would see their connect_timeout run out while it is held.
+    server = AnsweringServer(_OK, 65536)
+    connected: list[bool] = []
+
+    class Slow:
+        def model_dump(self, mode: str) -> str:
+            with server.accepting:  # blocks the event loop, as a long encoding does
+                connected.append(server.accepting.wait_for(lambda: server.accepted >= 10, timeout=10))
+            return "slow"
+
+    try:
+        async with ToolRunner(
+            "demo", {}, "127.0.0.1", server.port, connect_timeout=5, read_timeout=30
+        ) as runner:
+            results = await asyncio.gather(*(runner.run("echo", {"arg": Slow()}) for _ in range(10)))
+        assert results == [{"answer": 42}] * 10
+        assert connected == [True] * 10
+    finally:
+        server.close()

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive
 
 from ipybox._infra import kill_tree
+from ipybox._wire import ShellFields
 from ipybox.app._tool_http import _disconnected
 from ipybox.gateway import _kernel_launch
 
@@ -165,7 +166,7 @@ class _ShellRequest(BaseModel):
 
 def _shell_call(body: _ShellRequest) -> tuple[dict[str, Any], list[str]]:
     """The arguments a shell request is approved with, and the program line it runs."""
-    if body.kind == "shell":
+    if body.kind == ShellFields.SHELL:
         return {"cmd": body.cmd}, ["/bin/sh", "-c", body.cmd]
     assert body.argv is not None
     tool_args: dict[str, Any] = {"magic": body.argv[0], "cmd": body.cmd}
@@ -178,8 +179,10 @@ async def _run_while_connected(
     runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
 ) -> asyncio.Future[ShellResult]:
     """Run an approved shell request; it is cancelled if the kernel closes the connection first."""
-    cell = body.cmd.encode() if body.kind == "shell_magic" else None
-    running = asyncio.ensure_future(runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == "shell"))
+    cell = body.cmd.encode() if body.kind == ShellFields.SHELL_MAGIC else None
+    running = asyncio.ensure_future(
+        runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == ShellFields.SHELL)
+    )
     # The kernel closes the connection when its cell is interrupted: the command stops with it.
     gone = asyncio.ensure_future(_disconnected(receive))
     try:

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
 
 from ipybox._infra import BearerToken
+from ipybox._wire import SHELL_SERVER_NAME, AnswerFields, ShellAnswerFields, ShellFields
 from ipybox.app._gate import GateDenied, Ticket
 from ipybox.app._shell import ShellRunner, _run_while_connected, _shell_call, _ShellRequest
 from ipybox.app._tool_calls import _RunRequest, _ToolCallError, _ToolCalls
@@ -64,7 +65,7 @@ class _ShellRoutes(_ToolCalls):
             return _error_response(exc.status, exc.kind, exc.message)
         if ticket is not None:
             ticket.finish(200, b"", outcome="approved")  # the kernel runs it: no outcome is seen here
-        return JSONResponse({"result": None})
+        return JSONResponse({AnswerFields.RESULT: None})
 
     async def _shell_endpoint(self, request: Request) -> Response:
         if not self._authorized(request.headers.get("authorization", "").encode()):
@@ -94,10 +95,10 @@ class _ShellRoutes(_ToolCalls):
                 "This tool server runs no shell commands: only a sandboxed kernel whose shell commands need "
                 "approval sends them here (CodeExecutor(sandbox=True, approve_shell_cmds=True)).",
             )
-        if body.kind == "shell_magic" and not body.argv:
+        if body.kind == ShellFields.SHELL_MAGIC and not body.argv:
             return _error_response(400, "failed", "A shell_magic request needs argv, the program to run.")
         tool_args, argv = _shell_call(body)
-        approval = _RunRequest(server_name="ipybox", tool_name=body.kind, tool_args=tool_args)
+        approval = _RunRequest(server_name=SHELL_SERVER_NAME, tool_name=body.kind, tool_args=tool_args)
         try:
             ticket = await self._approve_shell(approval, f"ipybox.{body.kind}")
         except _ToolCallError as exc:
@@ -141,10 +142,10 @@ class _ShellRoutes(_ToolCalls):
         return Response(
             _json(
                 {
-                    "stdout": result.stdout.decode(errors="replace"),
-                    "stderr": result.stderr.decode(errors="replace"),
-                    "exit_code": result.exit_code,
-                    "stopped": result.stopped,
+                    ShellAnswerFields.STDOUT: result.stdout.decode(errors="replace"),
+                    ShellAnswerFields.STDERR: result.stderr.decode(errors="replace"),
+                    ShellAnswerFields.EXIT_CODE: result.exit_code,
+                    ShellAnswerFields.STOPPED: result.stopped,
                 }
             ),
             media_type="application/json",

@@ -25,6 +25,7 @@ from mcp.types import (
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive
 
+from ipybox._wire import AnswerFields
 from ipybox.app._approval_server import ApprovalChannel, ApprovalClientDisconnected, NoApprovalClientError
 from ipybox.app._gate import Asked, Gate, GateDenied, Ticket
 from ipybox.app._mcp import MCPSession
@@ -157,18 +158,18 @@ class _ToolCalls(_RequestBodies):
         if body.content:
             answer = _json(
                 {
-                    "content": [
+                    AnswerFields.CONTENT: [
                         block.model_dump(mode="json", by_alias=True, exclude_none=True)
                         for block in result.content
                     ],
-                    "structured": result.structured_content,
+                    AnswerFields.STRUCTURED: result.structured_content,
                 }
             )
         elif result.structured_content is not None:
-            answer = _json({"result": result.structured_content})
+            answer = _json({AnswerFields.RESULT: result.structured_content})
         else:
             texts = [block.text for block in result.content if isinstance(block, TextContent)]
-            answer = _json({"result": "\n".join(texts) if texts else None})
+            answer = _json({AnswerFields.RESULT: "\n".join(texts) if texts else None})
         if len(answer) > self.max_result_size:
             return self._too_large(call, len(answer))
         del result

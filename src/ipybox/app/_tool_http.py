@@ -19,6 +19,7 @@ from starlette.responses import Response
 from starlette.types import Receive
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from ipybox._wire import AnswerFields
 from ipybox.errors import ToolCallOutcome
 
 # The logger keeps the name of the module's public (or former) path.
@@ -258,7 +259,7 @@ def _json(value: Any) -> bytes:
 
 
 def _error(status: int, kind: ToolCallOutcome, message: str) -> tuple[int, bytes]:
-    return status, _json({"error": {"kind": kind, "message": message}})
+    return status, _json({AnswerFields.ERROR: {AnswerFields.KIND: kind, AnswerFields.MESSAGE: message}})
 
 
 def _error_response(status: int, kind: ToolCallOutcome, message: str) -> Response:

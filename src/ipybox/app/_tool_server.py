@@ -4,7 +4,7 @@ Endpoints:
 
 - ``POST /run`` with ``{"server_name", "tool_name", "tool_args", "server_params"?,
   "content"?}`` answers ``{"result": ...}`` (the structured content, else the text parts
-  joined), or with ``"content": true`` ``{"content": [MCP content blocks], "structured": ...}``;
+  joined), or with ``"content": true`` ``{AnswerFields.CONTENT: [MCP content blocks], "structured": ...}``;
   or an error with a real status code and the body
   ``{"error": {"kind": "rejected" | "expired" | "failed", "message": "..."}}``: 400 malformed
   request or parameters, 401 missing or wrong token, 403 rejected by the application,
@@ -46,6 +46,7 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from ipybox._infra import BearerToken, Uvicorn, listen
+from ipybox._wire import ToolServerPaths
 from ipybox.app._approval_server import POLICY_VIOLATION, ApprovalChannel
 from ipybox.app._mcp import MCPSession
 from ipybox.app._registry import ServerRegistry, default_registry
@@ -216,9 +217,9 @@ class ToolServer(_ShellRoutes):
         self._serve_task: asyncio.Task[None] | None = None
         self._app = Starlette(
             routes=[
-                Route("/reset", self._reset_endpoint, methods=["PUT"]),
-                Route("/approve", self._approve_endpoint, methods=["POST"]),
-                Route("/shell", self._shell_endpoint, methods=["POST"]),
+                Route(ToolServerPaths.RESET, self._reset_endpoint, methods=["PUT"]),
+                Route(ToolServerPaths.APPROVE, self._approve_endpoint, methods=["POST"]),
+                Route(ToolServerPaths.SHELL, self._shell_endpoint, methods=["POST"]),
                 Route("/status", self._status, methods=["GET"]),
                 WebSocketRoute("/approval", self._approval),
             ]
@@ -370,7 +371,7 @@ class ToolServer(_ShellRoutes):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # POST /run is the hot path (one request per tool call from a kernel): it is served
         # straight from the ASGI messages, everything else goes through Starlette.
-        if scope["type"] == "http" and scope["path"] == "/run" and scope["method"] == "POST":
+        if scope["type"] == "http" and scope["path"] == ToolServerPaths.RUN and scope["method"] == "POST":
             authorization = b""
             length: bytes | None = None
             for name, value in scope["headers"]:

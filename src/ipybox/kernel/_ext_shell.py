@@ -16,6 +16,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from ipybox._wire import ShellAnswerFields, ShellFields
+
 
 def _escape(text: str) -> str:
     """Make `text` come out of IPython's variable expansion unchanged."""
@@ -27,7 +29,7 @@ def _ask(tool_name: str, tool_args: dict[str, str]) -> None:
     from ipybox.errors import ToolRunnerError
     from ipybox.kernel._tool_client import request_approval
 
-    what = "shell command" if tool_name == "shell" else f"%%{tool_args.get('magic', 'script')} cell"
+    what = "shell command" if tool_name == ShellFields.SHELL else f"%%{tool_args.get('magic', 'script')} cell"
     try:
         request_approval(tool_name, tool_args)
     except ToolRunnerError as exc:
@@ -53,13 +55,13 @@ def _approve_shell_commands(ip: Any) -> None:
     def approved_system(cmd: str) -> None:
         __tracebackhide__ = True
         expanded = ip.var_expand(cmd, depth=1)
-        _ask("shell", {"cmd": expanded})
+        _ask(ShellFields.SHELL, {"cmd": expanded})
         system(_escape(expanded))
 
     def approved_getoutput(cmd: str, split: bool = True, depth: int = 0) -> Any:
         __tracebackhide__ = True
         expanded = ip.var_expand(cmd, depth=depth + 1)
-        _ask("shell", {"cmd": expanded})
+        _ask(ShellFields.SHELL, {"cmd": expanded})
         return getoutput(_escape(expanded), split=split)
 
     ip.system = approved_system
@@ -72,7 +74,7 @@ def _approve_shell_commands(ip: Any) -> None:
     @functools.wraps(shebang)  # it parses its arguments with the parser attached to self.shebang
     def approved_shebang(line: str, cell: str) -> Any:
         __tracebackhide__ = True
-        _ask("shell_magic", {"magic": line.split(maxsplit=1)[0] if line else "script", "cmd": cell})
+        _ask(ShellFields.SHELL_MAGIC, {"magic": line.split(maxsplit=1)[0] if line else "script", "cmd": cell})
         return shebang(line, cell)
 
     # %%bash, %%sh and the other named script magics call self.shebang; %%script is registered
@@ -92,8 +94,8 @@ def _run_walled(tool_name: str, cmd: str, argv: list[str] | None = None) -> dict
         result = run_shell(tool_name, cmd, argv)
     except ToolRunnerError as exc:
         raise _not_run(exc, what, tool_name) from None
-    if result.get("stopped"):
-        print(f"[ipybox] The {what} was stopped: {result['stopped']}.", file=sys.stderr)
+    if stopped := result.get(ShellAnswerFields.STOPPED):
+        print(f"[ipybox] The {what} was stopped: {stopped}.", file=sys.stderr)
     return result
 
 
@@ -108,14 +110,14 @@ def _wall_shell_commands(ip: Any) -> None:
 
     def walled_system(cmd: str) -> None:
         __tracebackhide__ = True
-        result = _run_walled("shell", ip.var_expand(cmd, depth=1))
-        sys.stdout.write(result["stdout"])
+        result = _run_walled(ShellFields.SHELL, ip.var_expand(cmd, depth=1))
+        sys.stdout.write(result[ShellAnswerFields.STDOUT])
         sys.stdout.flush()
-        ip.user_ns["_exit_code"] = result["exit_code"]
+        ip.user_ns["_exit_code"] = result[ShellAnswerFields.EXIT_CODE]
 
     def walled_getoutput(cmd: str, split: bool = True, depth: int = 0) -> Any:
         __tracebackhide__ = True
-        output = _run_walled("shell", ip.var_expand(cmd, depth=depth + 1))["stdout"]
+        output = _run_walled(ShellFields.SHELL, ip.var_expand(cmd, depth=depth + 1))[ShellAnswerFields.STDOUT]
         return SList(output.splitlines()) if split else LSString(output)
 
     ip.system = walled_system
@@ -136,19 +138,19 @@ def _wall_shell_commands(ip: Any) -> None:
             )
         if not argv:
             raise UsageError("%%script needs the program to run the cell with, e.g. `%%script bash`.")
-        result = _run_walled("shell_magic", cell if cell.endswith("\n") else cell + "\n", argv)
+        result = _run_walled(ShellFields.SHELL_MAGIC, cell if cell.endswith("\n") else cell + "\n", argv)
         if args.out:
-            ip.user_ns[args.out] = result["stdout"]
+            ip.user_ns[args.out] = result[ShellAnswerFields.STDOUT]
         else:
-            sys.stdout.write(result["stdout"])
+            sys.stdout.write(result[ShellAnswerFields.STDOUT])
             sys.stdout.flush()
         if args.err:
-            ip.user_ns[args.err] = result["stderr"]
+            ip.user_ns[args.err] = result[ShellAnswerFields.STDERR]
         else:
-            sys.stderr.write(result["stderr"])
+            sys.stderr.write(result[ShellAnswerFields.STDERR])
             sys.stderr.flush()
-        if args.raise_error and result["exit_code"] != 0:
-            raise subprocess.CalledProcessError(result["exit_code"] or -9, cell)
+        if args.raise_error and result[ShellAnswerFields.EXIT_CODE] != 0:
+            raise subprocess.CalledProcessError(result[ShellAnswerFields.EXIT_CODE] or -9, cell)
 
     script_magics.shebang = walled_shebang
     ip.magics_manager.magics["cell"]["script"] = walled_shebang
