@@ -265,13 +265,15 @@ async def test_an_interrupted_command_is_killed_with_its_sandbox(walled: CodeExe
 
 async def test_a_command_that_writes_too_much_is_stopped(walled: CodeExecutor) -> None:
     tool_server = walled._tool_server  # private: the executor does not expose its shell runner
-    assert tool_server is not None and tool_server.shell_runner is not None
-    runner = tool_server.shell_runner
-    tool_server.shell_runner = dataclasses.replace(runner, max_output=1000)
+    assert tool_server is not None and tool_server.confinement.shell_runner is not None
+    confinement = tool_server.confinement
+    assert confinement.shell_runner is not None
+    small = dataclasses.replace(confinement.shell_runner, max_output=1000)
+    tool_server.confine(dataclasses.replace(confinement, shell_runner=small))
     try:
         items = await run(walled, "out = !yes\nprint(len(out), sum(map(len, out)))")
     finally:
-        tool_server.shell_runner = runner
+        tool_server.confine(confinement)
     result = items[-1]
     assert isinstance(result, CodeExecutionResult) and result.text is not None
     assert "was stopped: it wrote more than 1000 bytes" in result.text

@@ -22,7 +22,7 @@ from ipybox._infra import kill_tree, listen, running
 from ipybox._wire import GatewayEnv, KernelEnv, ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._registry import default_registry_path
-from ipybox.app._shell import ShellRunner
+from ipybox.app._shell import KernelConfinement, ShellRunner
 from ipybox.errors import GatewayError, SandboxUnavailableError
 from ipybox.gateway import _kernel_launch, _limits
 from ipybox.kernel import _exec_wall
@@ -132,10 +132,11 @@ class KernelGateway:
         self._jupyter_dir: Path | None = None
         self._srt = ""
         self._sandbox_config: dict[str, Any] | None = None
-        # What a sandboxed kernel may write (its settings' allowWrite); trusted programs never run
-        # from there (see ipybox.app._params.confine).
-        self.kernel_writable: tuple[Path, ...] = ()
-        self.kernel_readonly: tuple[Path, ...] = ()
+        # What a sandboxed kernel may write (its settings' allowWrite) and what stays read-only
+        # there, as the last start wrote them; trusted programs never run from there
+        # (see ipybox.app._params.confine).
+        self._writable: tuple[Path, ...] = ()
+        self._readonly: tuple[Path, ...] = ()
 
     @property
     def url(self) -> str:
@@ -345,12 +346,20 @@ class KernelGateway:
             *(["--KernelManager.transport=ipc"] if self.sandbox else []),
         ]
 
-    def shell_runner(self) -> ShellRunner | None:
-        """What runs the approved shell commands of this gateway's sandboxed kernels outside them:
-        a new srt sandbox with the kernels' settings and temporary folder, started as the gateway
-        starts a kernel (``None`` while the gateway is stopped, or unsandboxed)."""
+    @property
+    def confinement(self) -> KernelConfinement:
+        """Where this gateway's sandboxed kernels write, what stays read-only there, and (for
+        kernels walled in against starting programs) what runs their approved shell commands;
+        empty while the gateway is stopped, or unsandboxed."""
         if not self.sandbox or self._jupyter_dir is None:
-            return None
+            return KernelConfinement()
+        walled = self.env.get(KernelEnv.EXEC_WALL) == "1"
+        return KernelConfinement(self._writable, self._readonly, self._shell_runner() if walled else None)
+
+    def _shell_runner(self) -> ShellRunner:
+        """A new srt sandbox with the kernels' settings and temporary folder for each approved
+        shell command, started as the gateway starts a kernel."""
+        assert self._jupyter_dir is not None
         gateway_env = self._gateway_env()
         env = {key: value for key, value in gateway_env.items() if key in _GATEWAY_ENV_KEYS}
         env.update(
@@ -362,7 +371,7 @@ class KernelGateway:
             folder
             for folder in dict.fromkeys(folders)
             if os.path.isabs(folder)
-            and not any(Path(folder).resolve().is_relative_to(writable) for writable in self.kernel_writable)
+            and not any(Path(folder).resolve().is_relative_to(writable) for writable in self._writable)
         ]
         return ShellRunner(
             srt=self._srt,
@@ -484,13 +493,11 @@ class KernelGateway:
         )
         settings_file.write_text(json.dumps(settings, indent=2))
         filesystem = settings["filesystem"]
-        self.kernel_writable = (
+        self._writable = (
             *(self.working_dir / Path(path).expanduser() for path in filesystem["allowWrite"]),
             runtime,
         )
-        self.kernel_readonly = tuple(
-            self.working_dir / Path(path).expanduser() for path in filesystem["denyWrite"]
-        )
+        self._readonly = tuple(self.working_dir / Path(path).expanduser() for path in filesystem["denyWrite"])
         launch = {
             "srt": self._srt,
             "settings": str(settings_file),

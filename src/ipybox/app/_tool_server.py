@@ -62,7 +62,7 @@ from ipybox.app._approval_server import (
 from ipybox.app._mcp import MCPSession
 from ipybox.app._params import StdioParams, confine, resolve_params
 from ipybox.app._registry import ServerRegistry
-from ipybox.app._shell import ShellResult, ShellRunner
+from ipybox.app._shell import KernelConfinement, ShellResult, ShellRunner
 from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 
 __all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
@@ -316,13 +316,13 @@ class ToolServer:
             body is read (up to 60 s, then it fails with an error naming the limit); an answer
             that does not fit when its result arrives fails that call alone. One call is counted
             at most this size, so a call of any size up to the limits is run when it is alone.
-        kernel_writable: Folders a sandboxed kernel can write (also settable as an attribute once
-            the kernel's sandbox is known): a stdio server whose program, arguments or working
+        kernel_writable: Folders a sandboxed kernel can write (also given by `confine` once the
+            kernel's sandbox is known): a stdio server whose program, arguments or working
             directory lie there is refused (see the README's sandbox section).
         scope: The executor's working directory: a registered server is run only when its API was
             generated in this folder or a folder directly in it (``None``: any registered server).
         shell_runner: Runs the approved shell commands of a kernel that cannot start programs
-            (``POST /shell``); also settable as an attribute once the kernel's sandbox is known.
+            (``POST /shell``); also given by `confine` once the kernel's sandbox is known.
             ``None``: ``/shell`` is refused.
     """
 
@@ -371,11 +371,8 @@ class ToolServer:
         self.log_to_stderr = log_to_stderr
         self.log_level = log_level.upper()
         self._registry = registry
-        self.kernel_writable = kernel_writable
-        # Paths inside those that the kernel's sandbox keeps read-only (set with kernel_writable).
-        self.kernel_readonly: tuple[Path, ...] = ()
+        self._confinement = KernelConfinement(writable=kernel_writable, shell_runner=shell_runner)
         self.scope = scope
-        self.shell_runner = shell_runner
         self._fallback_registry: ServerRegistry | None = None
         self.approve_tool_calls = approve_tool_calls
         self._token = BearerToken(token) if token is not None else None
@@ -408,6 +405,20 @@ class ToolServer:
     def running(self) -> bool:
         """Whether the HTTP server is running."""
         return self._serve_task is not None and not self._serve_task.done()
+
+    @property
+    def confinement(self) -> KernelConfinement:
+        """Where the kernels write and how their approved shell commands run, as last confined."""
+        return self._confinement
+
+    def confine(self, confinement: KernelConfinement) -> None:
+        """Take the kernels' confinement, as their gateway just started them.
+
+        Args:
+            confinement: Where the kernels write, what stays read-only there, and the runner of
+                their approved shell commands; it replaces the one given before.
+        """
+        self._confinement = confinement
 
     async def start(self) -> None:
         """Bind the socket and start the HTTP server; returns once it accepts requests.
@@ -563,7 +574,7 @@ class ToolServer:
             return _error_response(
                 400, "failed", f"The shell command request is malformed: {_summarise(exc)}"
             )
-        runner = self.shell_runner
+        runner = self._confinement.shell_runner
         if runner is None:
             return _error_response(
                 400,
@@ -893,9 +904,10 @@ class ToolServer:
                 # Parameters from a request are the client's mistake; registered ones the application's.
                 status = 400 if self._registry is None else 500
                 raise _ToolCallError(status, "failed", f"Tool call {call} failed: {exc}") from exc
-            if isinstance(resolved, StdioParams) and self.kernel_writable:
+            confinement = self._confinement
+            if isinstance(resolved, StdioParams) and confinement.writable:
                 try:
-                    resolved = confine(server_name, resolved, self.kernel_writable, self.kernel_readonly)
+                    resolved = confine(server_name, resolved, confinement.writable, confinement.readonly)
                 except ServerParamsError as exc:
                     raise _ToolCallError(403, "failed", f"Tool call {call} failed: {exc}") from exc
             session = MCPSession(
