@@ -265,7 +265,8 @@ class CodeExecutor:
             kernels = KernelHost(
                 settings, {**settings.kernel_settings(), **address.to_env()}, on_start=tool_server.confine
             )
-            await stack.enter_async_context(kernels)
+            await kernels.start()
+            stack.push_async_callback(kernels.stop)
             approval = ApprovalClient(
                 callback=self._on_approval_request,
                 host=settings.tool_server_host,

@@ -11,8 +11,6 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from types import TracebackType
-from typing import Self
 
 import httpx2
 
@@ -79,15 +77,6 @@ class KernelHost:
         if self._client is None:
             raise RuntimeError("The kernels are not started; call start() first.")
         return self._client
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def start(self) -> None:
         """Start the gateway and connect a client to a new kernel; a failed start leaves nothing running.

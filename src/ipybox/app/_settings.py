@@ -13,12 +13,12 @@ from pathlib import Path
 from types import MappingProxyType
 
 from ipybox._wire import KernelEnv
+from ipybox.app._gateway import gateway_log_level
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE
 from ipybox.gateway import _limits
 
 __all__ = ["ExecutorSettings"]
 
-_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL")
 _MIN_PROCESSES = 16
 
 
@@ -72,10 +72,7 @@ class ExecutorSettings:
         _check_positive("max_result_size", self.max_result_size, "bytes")
         for name in ("tool_server_port", "kernel_gateway_port"):
             _check_port(name, getattr(self, name))
-        if str(self.log_level).upper() not in _LOG_LEVELS:
-            raise ValueError(
-                f"Unknown log_level {self.log_level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL."
-            )
+        gateway_log_level(self.log_level)
         if self.memory_limit is not None:
             _limits.parse_memory(self.memory_limit)
         if self.max_processes is not None and (
