@@ -26,6 +26,8 @@ __all__ = ["KernelHost"]
 # state worth a longer wait, and then they are killed.
 _STOP_GRACE = 0.05
 _LOST = "all variables, imports and definitions are gone"
+# What an execution hit by a dead kernel is told when the executor was stopped meanwhile.
+_STOPPED = "The kernel died while running the code, and the executor was stopped."
 
 
 class KernelHost:
@@ -111,12 +113,14 @@ class KernelHost:
             The message for the execution that was hit: what happened and what was done.
         """
         client = self._client
-        if client is None:  # stopped meanwhile
-            return "The kernel died while running the code, and the executor was stopped."
+        if client is None:
+            return _STOPPED
         # A dead gateway is checked first: its spare kernel's connection may not have noticed yet,
         # so a reset onto the spare would "succeed" and leave the next execution to fail.
         if self._gateway.running and (message := await self._fresh_kernel(client)) is not None:
             return message
+        if self._client is not client:
+            return _STOPPED
         return await self._fresh_gateway(client)
 
     async def _fresh_kernel(self, client: KernelClient) -> str | None:
@@ -155,7 +159,7 @@ class KernelHost:
         if self._client is not client:  # stopped meanwhile: the fresh kernel has no one to serve
             await fresh.disconnect(shutdown_kernels=False)
             await self._gateway.stop(timeout=_STOP_GRACE)
-            return "The kernel died while running the code, and the executor was stopped."
+            return _STOPPED
         self._client = fresh
         return (
             "The kernel gateway died while running the code; ipybox started a new gateway and "
