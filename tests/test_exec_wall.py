@@ -342,3 +342,29 @@ async def test_an_accepted_command_sees_no_ipc_object_of_the_host(walled: CodeEx
         assert "shmid" in result.text and str(key) not in result.text, result.text
     finally:
         libc.shmctl(shmid, 0, None)
+
+
+def gateways() -> set[int]:
+    return {
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if "ipybox.gateway._main" in " ".join(p.cmdline())
+    }
+
+
+async def test_approved_commands_still_run_after_a_dead_gateway_was_replaced(workdir: Path) -> None:
+    # The tool server runs an approved command in the kernels' own sandbox: after the gateway died
+    # and a new one took over, that is the new gateway's (the old one's settings are gone).
+    before = gateways()
+    async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir) as ex:
+        assert (await ex.execute("print('warm')")).text == "warm"
+        (pid,) = gateways() - before
+        gateway = psutil.Process(pid)
+        for process in [*gateway.children(recursive=True), gateway]:
+            process.kill()
+        gateway.wait(10)
+        with pytest.raises(CodeExecutionError, match=r"gateway|kernel died"):
+            await ex.execute("print('lost')", timeout=60)
+        items = await run(ex, "!echo after the new gateway")
+        result = items[-1]
+        assert isinstance(result, CodeExecutionResult) and result.text == "after the new gateway", result
