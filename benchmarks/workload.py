@@ -141,10 +141,10 @@ async def fig_kernel_floor(args: argparse.Namespace) -> dict[str, Any]:
     """
     from jupyter_client.manager import start_new_async_kernel
 
-    from ipybox.app._gateway import _KERNEL_ARGS
+    from ipybox.app._kernel_spec import KERNEL_ARGS
 
     runs = 60 if args.quick else 300
-    manager, client = await start_new_async_kernel(kernel_name="python3", extra_arguments=list(_KERNEL_ARGS))
+    manager, client = await start_new_async_kernel(kernel_name="python3", extra_arguments=list(KERNEL_ARGS))
 
     async def busy_to_idle() -> float:
         msg_id = client.execute(TRIVIAL)

@@ -117,7 +117,9 @@ async def test_hostile_kernel_code_can_neither_change_the_policy_nor_forge_or_wi
     )
     before = rows()
     audit = str(default_audit_path())
-    result = await executor.execute(HOSTILE.format(audit=audit, canary=CANARY, sandboxed=executor.sandbox))
+    result = await executor.execute(
+        HOSTILE.format(audit=audit, canary=CANARY, sandboxed=executor.settings.sandbox)
+    )
     seen = json.loads(result.text or "{}")
     assert seen["env"] == []
     assert seen["endpoints"] == [404, 404, 404, 404]
@@ -127,7 +129,7 @@ async def test_hostile_kernel_code_can_neither_change_the_policy_nor_forge_or_wi
     # Nothing forged and nothing wiped: the records before are all there, and none is the kernel's.
     assert after[: len(before)] == before
     assert all(row["session"] != "forged" for row in after)
-    if executor.sandbox:
+    if executor.settings.sandbox:
         # Sandboxed, the kernel cannot even see the trail.
         assert seen["read"] is not True
         assert seen["listed"] == []

@@ -541,8 +541,8 @@ async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
 @pytest.mark.slow
 async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(executor: CodeExecutor) -> None:
     # Private: the executor does not expose its gateway's process, whose tree is what is checked.
-    assert executor._gateway is not None and executor._gateway._process is not None
-    fixture_gateway = psutil.Process(executor._gateway._process.pid)
+    assert executor._kernels is not None and executor._kernels.gateway._process is not None
+    fixture_gateway = psutil.Process(executor._kernels.gateway._process.pid)
 
     def running() -> set[int]:
         # The module's executor keeps its own processes coming and going (spare kernels; srt's
@@ -555,7 +555,7 @@ async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(execu
         }
 
     before = running()
-    ex = CodeExecutor(sandbox=executor.sandbox)
+    ex = CodeExecutor(sandbox=executor.settings.sandbox)
     await ex.start()
     await ex.execute("from mcptools.demo import pid\npid.run(pid.Params())")  # an MCP server runs too
     await ex.execute("import subprocess\nsleeper = subprocess.Popen(['sleep', '60'])")
@@ -617,9 +617,9 @@ async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExec
     import httpx2
 
     # Private: the gateway's port is not public; the attack needs it to talk to the gateway directly.
-    assert executor._kernel is not None
+    assert executor._kernels is not None
     async with httpx2.AsyncClient() as http:
-        response = await http.post(f"http://localhost:{executor._kernel.port}/api/kernels", json={})
+        response = await http.post(f"http://localhost:{executor._kernels.gateway.port}/api/kernels", json={})
     assert response.status_code in (401, 403)
 
 

@@ -265,13 +265,15 @@ async def test_an_interrupted_command_is_killed_with_its_sandbox(walled: CodeExe
 
 async def test_a_command_that_writes_too_much_is_stopped(walled: CodeExecutor) -> None:
     tool_server = walled._tool_server  # private: the executor does not expose its shell runner
-    assert tool_server is not None and tool_server.shell_runner is not None
-    runner = tool_server.shell_runner
-    tool_server.shell_runner = dataclasses.replace(runner, max_output=1000)
+    assert tool_server is not None and tool_server.confinement.shell_runner is not None
+    confinement = tool_server.confinement
+    assert confinement.shell_runner is not None
+    small = dataclasses.replace(confinement.shell_runner, max_output=1000)
+    tool_server.confine(dataclasses.replace(confinement, shell_runner=small))
     try:
         items = await run(walled, "out = !yes\nprint(len(out), sum(map(len, out)))")
     finally:
-        tool_server.shell_runner = runner
+        tool_server.confine(confinement)
     result = items[-1]
     assert isinstance(result, CodeExecutionResult) and result.text is not None
     assert "was stopped: it wrote more than 1000 bytes" in result.text
@@ -343,3 +345,29 @@ async def test_an_accepted_command_sees_no_ipc_object_of_the_host(walled: CodeEx
         assert "shmid" in result.text and str(key) not in result.text, result.text
     finally:
         libc.shmctl(shmid, 0, None)
+
+
+def gateways() -> set[int]:
+    return {
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if "ipybox.gateway._main" in " ".join(p.cmdline())
+    }
+
+
+async def test_approved_commands_still_run_after_a_dead_gateway_was_replaced(workdir: Path) -> None:
+    # The tool server runs an approved command in the kernels' own sandbox: after the gateway died
+    # and a new one took over, that is the new gateway's (the old one's settings are gone).
+    before = gateways()
+    async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir) as ex:
+        assert (await ex.execute("print('warm')")).text == "warm"
+        (pid,) = gateways() - before
+        gateway = psutil.Process(pid)
+        for process in [*gateway.children(recursive=True), gateway]:
+            process.kill()
+        gateway.wait(10)
+        with pytest.raises(CodeExecutionError, match=r"gateway|kernel died"):
+            await ex.execute("print('lost')", timeout=60)
+        items = await run(ex, "!echo after the new gateway")
+        result = items[-1]
+        assert isinstance(result, CodeExecutionResult) and result.text == "after the new gateway", result

@@ -78,8 +78,8 @@ async def executor(
 
 def how(ex: CodeExecutor) -> str:
     """Which mechanism holds the limits (private: not exposed, but the assertions depend on it)."""
-    assert ex._gateway is not None
-    return ex._gateway._limits.how
+    assert ex._kernels is not None
+    return ex._kernels.gateway._limits.how
 
 
 async def test_a_kernel_over_its_memory_limit_is_stopped_and_the_executor_goes_on(
@@ -104,8 +104,8 @@ async def test_a_kernel_over_its_memory_limit_is_stopped_and_the_executor_goes_o
 async def test_a_fork_bomb_is_held_at_the_limit_and_cleared_with_the_next_kernel(
     executor: CodeExecutor,
 ) -> None:
-    assert executor.working_dir is not None
-    held = executor.working_dir / "fork-bomb-held"  # a file the sandboxed kernel may write too
+    assert executor.settings.working_dir is not None
+    held = executor.settings.working_dir / "fork-bomb-held"  # a file the sandboxed kernel may write too
     await executor.execute(BOMB.format(held=str(held)), timeout=30)
     # The bomb grows until a fork fails and stays there; the application keeps running meanwhile.
     deadline = time.monotonic() + 60

@@ -608,7 +608,8 @@ async def test_a_missing_tool_fails_at_start_naming_it_and_its_install_command(
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("IPYBOX_SRT", raising=False)
-    monkeypatch.setattr(_sandbox, "_REPO_SRT", tmp_path / "no-srt")
+    # Private: the copy of srt in a clone has no setting of its own to turn it off.
+    monkeypatch.setattr(_sandbox._srt, "_REPO_SRT", tmp_path / "no-srt")
     gateway = KernelGateway(port=None, sandbox=True)
     with pytest.raises(SandboxUnavailableError) as info:
         await gateway.start()

@@ -117,8 +117,10 @@ async def test_a_kernel_cannot_reach_its_spare_nor_plant_anything_for_kernels_af
     async with CodeExecutor(sandbox=True, working_dir=project) as executor:
         await executor.execute("import json")
         # The spare kernel starts after the first execution: let it come up before the attack.
-        kernel = executor._kernel
-        assert kernel is not None and kernel._spare is not None
+        # Private: the spare kernel is not exposed; the attack needs it up first.
+        assert executor._kernels is not None
+        kernel = executor._kernels.client
+        assert kernel._spare is not None
         await kernel._spare
         found = json.loads(str((await executor.execute(TAKE_OVER, timeout=120)).text))
         assert found == {}, f"another kernel's connection file was in sight: {found}"

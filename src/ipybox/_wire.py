@@ -98,7 +98,7 @@ class UserEnv:
     STATE_DIR: Final = "IPYBOX_STATE_DIR"
     """Where the server registry lives (``app/_registry.py``)."""
     SRT: Final = "IPYBOX_SRT"
-    """The sandbox runtime to use (``app/_sandbox.py``)."""
+    """The sandbox runtime to use (``app/_sandbox/_srt.py``)."""
     MCP_TOKEN: Final = "IPYBOX_MCP_TOKEN"
     """The bearer token of the MCP server's HTTP transport (``mcp_server/_http.py``)."""
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ipybox.app._kernel_client import _AnsiStripper
+# Private: the stripper is fed chunk boundaries no real kernel can be made to produce on demand.
+from ipybox.app._kernel_output import AnsiStripper
 
 
 @given(st.lists(st.integers(min_value=0, max_value=60), max_size=6))
@@ -13,14 +14,14 @@ def test_escape_sequences_split_across_chunks_are_removed_whole(cuts: list[int])
     text = "a\x1b[1;31mred\x1b[0m b\x1b]8;;https://x.org\x1b\\link\x1b]8;;\x07 c\x1b7d\x1b(Be"
     points = sorted({min(cut, len(text)) for cut in cuts})
     pieces = [text[start:end] for start, end in zip([0, *points], [*points, len(text)], strict=True)]
-    stripper = _AnsiStripper()
+    stripper = AnsiStripper()
     assert "".join(stripper.feed(piece) for piece in pieces) == "ared blink cde"
 
 
 def test_kept_text_is_whole_up_to_its_limit_and_else_its_head_and_tail() -> None:
     import random
 
-    from ipybox.app._kernel_client import KeptText
+    from ipybox.app._kernel_output import KeptText
 
     rng = random.Random(7)
     for _ in range(300):

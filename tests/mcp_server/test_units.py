@@ -93,10 +93,10 @@ def test_sandbox_options_reach_the_executor_and_the_kernel_env_is_an_allow_list(
         "KEY": "s",
     }
     settings = Settings(workspace=tmp_path, sandbox=True, sandbox_config=config, environ=environ)
-    executor = settings.executor()
-    assert executor.sandbox and executor.sandbox_config == config
-    assert executor.working_dir == tmp_path.resolve() and not executor.approve_tool_calls
-    assert executor.kernel_env == {
+    made = settings.executor().settings
+    assert made.sandbox and made.sandbox_config == config
+    assert made.working_dir == tmp_path.resolve() and not made.approve_tool_calls
+    assert made.kernel_env == {
         "HOME": "/home/agent",
         "A": "from-dotenv",
         "B": "environ-wins",
@@ -116,12 +116,12 @@ def test_a_sessions_own_folder_is_its_working_directory_and_the_other_sessions_a
     settings = Settings(workspace=tmp_path, sandbox=True, session_folders=True, environ={"HOME": "/h"})
     folder = new_session_folder(tmp_path)
     assert folder.parent == tmp_path / "sessions" and folder.stat().st_mode & 0o777 == 0o700
-    executor = settings.executor(folder)
-    assert executor.working_dir == folder and executor.images_dir == folder / "images"
-    assert executor.sandbox_hidden == (tmp_path / "sessions",)
-    assert executor.kernel_env["PYTHONPATH"] == str(packages_dir(folder)) != str(packages_dir(tmp_path))
+    made = settings.executor(folder).settings
+    assert made.working_dir == folder and made.images_dir == folder / "images"
+    assert made.sandbox_hidden == (tmp_path / "sessions",)
+    assert made.kernel_env["PYTHONPATH"] == str(packages_dir(folder)) != str(packages_dir(tmp_path))
     assert settings.installer(folder).target == packages_dir(folder)
-    assert Settings(workspace=tmp_path, sandbox=True).executor().sandbox_hidden == ()
+    assert Settings(workspace=tmp_path, sandbox=True).executor().settings.sandbox_hidden == ()
     # A custom config that lets kernels write the whole workspace: the session's own folder is
     # named, so that srt binds it back writable over the hidden sessions folder.
     config = {"filesystem": {"denyRead": [], "allowWrite": [str(tmp_path)], "denyWrite": []}}
@@ -271,7 +271,8 @@ def test_approve_tool_calls_and_otel_reach_the_executor_and_bad_timeouts_are_ref
         workspace=tmp_path, approve_tool_calls=True, approval_timeout=5, environ={"HOME": "/h"}
     )
     executor = settings.executor()
-    assert executor.approve_tool_calls and executor.approve_shell_cmds and executor.approval_timeout == 5
+    assert executor.settings.approve_tool_calls and executor.settings.approve_shell_cmds
+    assert executor.settings.approval_timeout == 5
     assert not parse_args(["--workspace", str(tmp_path)]).approve_tool_calls
     for bad in ("0", "-1", "nan", "inf"):
         with pytest.raises(SystemExit):

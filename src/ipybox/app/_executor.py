@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import shutil
 import sqlite3
 import sys
 import uuid
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,22 +16,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import anyio
-import httpx2
 
-from ipybox._wire import KernelEnv, ToolServerEnv
+from ipybox._wire import ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._approval_client import ApprovalClient, ApprovalRequest
 from ipybox.app._audit import AuditTrail
 from ipybox.app._gate import Gate
-from ipybox.app._gateway import KernelGateway
-from ipybox.app._kernel_client import ExecutionResult, KernelClient
+from ipybox.app._kernel_client import ExecutionResult
+from ipybox.app._kernel_host import KernelHost
 from ipybox.app._policy import Policy
 from ipybox.app._registry import ServerRegistry, default_registry
+from ipybox.app._settings import ExecutorSettings
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
-
-if TYPE_CHECKING:
-    from ipybox.app._tracing import Tracing
-
 from ipybox.errors import (
     ApprovalError,
     CodeExecutionError,
@@ -41,6 +36,9 @@ from ipybox.errors import (
     KernelDiedError,
     PolicyError,
 )
+
+if TYPE_CHECKING:
+    from ipybox.app._tracing import Tracing
 
 __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
 
@@ -70,9 +68,6 @@ class CodeExecutionChunk:
 
 
 _Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
-# Seconds the gateway and kernels get to exit after SIGTERM when the executor stops; they
-# hold no state worth a longer wait, and then they are killed.
-_STOP_GRACE = 0.05
 
 
 class CodeExecutor:
@@ -163,6 +158,12 @@ class CodeExecutor:
         registry: The trusted registry of MCP servers the tool server may run (by default this
             user's, ``default_registry()``, found once here); pass the same one to
             ``generate_mcp_sources``. With ``sandbox=True`` the kernel can never write its folder.
+
+    The arguments are checked at once and kept, frozen, as `settings`.
+
+    Raises:
+        ValueError: If an argument is out of range or of the wrong kind (the message names it),
+            or `sandbox_config` is given without ``sandbox=True``.
     """
 
     def __init__(
@@ -193,55 +194,65 @@ class CodeExecutor:
         audit: bool | Path = False,
         registry: ServerRegistry | None = None,
     ) -> None:
-        if sandbox_config is not None and not sandbox:
-            raise ValueError(
-                f"sandbox_config={str(sandbox_config)!r} was given without sandbox=True; the kernel would run "
-                "unsandboxed. Pass sandbox=True as well, or drop sandbox_config."
-            )
-        if max_result_size <= 0:
-            raise ValueError(f"max_result_size must be a positive number of bytes, not {max_result_size!r}.")
-        self.tool_server_host = tool_server_host
-        self.tool_server_port = tool_server_port
-        self.kernel_gateway_host = kernel_gateway_host
-        self.kernel_gateway_port = kernel_gateway_port
-        self.kernel_env = _checked_env(kernel_env)
-        self.images_dir = images_dir
-        self.approval_timeout = approval_timeout
-        self.connect_timeout = connect_timeout
-        self.sandbox = sandbox
-        self.sandbox_config = sandbox_config
-        self.log_level = log_level
-        self.approve_tool_calls = approve_tool_calls
-        self.approve_shell_cmds = approve_shell_cmds
-        self.require_shell_escape = require_shell_escape
-        self.working_dir = Path(working_dir).resolve() if working_dir is not None else None
-        self.memory_limit = memory_limit
-        self.max_processes = max_processes
-        self.spare_kernel = spare_kernel
-        self.max_result_size = max_result_size
-        self.sandbox_hidden = sandbox_hidden
+        self._settings = ExecutorSettings(
+            tool_server_host=tool_server_host,
+            tool_server_port=tool_server_port,
+            kernel_gateway_host=kernel_gateway_host,
+            kernel_gateway_port=kernel_gateway_port,
+            kernel_env=kernel_env if kernel_env is not None else {},
+            images_dir=images_dir,
+            approval_timeout=approval_timeout,
+            connect_timeout=connect_timeout,
+            sandbox=sandbox,
+            sandbox_config=sandbox_config,
+            log_level=log_level,
+            approve_tool_calls=approve_tool_calls,
+            approve_shell_cmds=approve_shell_cmds,
+            require_shell_escape=require_shell_escape,
+            working_dir=Path(working_dir) if working_dir is not None else None,
+            memory_limit=memory_limit,
+            max_processes=max_processes,
+            spare_kernel=spare_kernel,
+            max_result_size=max_result_size,
+            sandbox_hidden=sandbox_hidden,
+        )
+        # Objects the application keeps, not settings: spans, the live rules, the registry.
         self._tracing: Tracing | None = None
         if tracing is not False:
             from ipybox.app._tracing import Tracing
 
             self._tracing = Tracing(None if tracing is True else tracing)
-
         self._policy: Policy | None = None
         self.policy = policy
-        self.audit = audit
+        self._audit: bool | Path = audit
         # The id of the current session (each start() begins one) in the audit trail.
-        self.session_id = ""
+        self._session_id = ""
         self._audit_trail: AuditTrail | None = None
-
-        self.registry = registry if registry is not None else default_registry()
-        self._parts: tuple[ApprovalClient, KernelClient, KernelGateway, ToolServer] | None = None
+        self._registry = registry if registry is not None else default_registry()
+        # The parts, made by start() and dropped by stop(); each owns its own lifecycle.
         self._tool_server: ToolServer | None = None
-        self._kernel: KernelClient | None = None
-        self._gateway: KernelGateway | None = None
+        self._kernels: KernelHost | None = None
+        self._approval: ApprovalClient | None = None
+        self._socket_dir: Path | None = None
+        # The running execution: one at a time.
         self._lock = asyncio.Lock()
         self._requests: asyncio.Queue[_Item | None] | None = None
         self._runner: asyncio.Task[None] | None = None
-        self._socket_dir: Path | None = None
+
+    @property
+    def settings(self) -> ExecutorSettings:
+        """The executor's configuration, as its arguments made it (frozen)."""
+        return self._settings
+
+    @property
+    def registry(self) -> ServerRegistry:
+        """The trusted registry of MCP servers this executor's tool server runs from."""
+        return self._registry
+
+    @property
+    def session_id(self) -> str:
+        """The id of the current session in the audit trail (each start() begins one)."""
+        return self._session_id
 
     @property
     def policy(self) -> Policy | None:
@@ -258,7 +269,7 @@ class CodeExecutor:
             if tool_server.gate is not None:
                 tool_server.gate.policy = policy
             elif policy is not None:
-                tool_server.gate = Gate(policy, None, self.session_id)
+                tool_server.gate = Gate(policy, None, self._session_id)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -282,83 +293,66 @@ class CodeExecutor:
             KernelConnectionError: If no kernel could be created.
             ApprovalConnectionError: If the approval connection to the tool server failed.
         """
-        if self._parts is not None:
+        if self._kernels is not None:
             raise RuntimeError("The code executor is already started; call stop() first.")
+        settings = self._settings
         # .env of the working directory is read when an MCP server starts (app._params),
         # not copied into this process's environment.
-        gateway_token = secrets.token_urlsafe(32)
         async with AsyncExitStack() as stack:
             trail = self._open_audit()
             if trail is not None:
                 stack.callback(trail.close)
             # A sandboxed kernel has no network: it reaches the tool server through a Unix socket,
             # in a folder other executors' kernels cannot see.
-            socket_dir = _sandbox.tools_dir() if self.sandbox else None
+            socket_dir = _sandbox.tools_dir() if settings.sandbox else None
             if socket_dir is not None:
                 stack.callback(shutil.rmtree, socket_dir, True)
             tool_server = ToolServer(
-                host=self.tool_server_host,
-                port=self.tool_server_port or 0,
-                approval_timeout=self.approval_timeout,
-                connect_timeout=self.connect_timeout,
-                log_level=self.log_level,
+                host=settings.tool_server_host,
+                port=settings.tool_server_port or 0,
+                approval_timeout=settings.approval_timeout,
+                connect_timeout=settings.connect_timeout,
+                log_level=settings.log_level,
                 log_to_stderr=True,
-                registry=self.registry,
-                scope=self.working_dir or Path.cwd().resolve(),
-                approve_tool_calls=self.approve_tool_calls,
-                max_result_size=self.max_result_size,
+                registry=self._registry,
+                scope=settings.working_dir or Path.cwd().resolve(),
+                approve_tool_calls=settings.approve_tool_calls,
+                max_result_size=settings.max_result_size,
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
             )
             tool_server.tracing = self._tracing
-            self.session_id = uuid.uuid4().hex[:12]
+            self._session_id = uuid.uuid4().hex[:12]
             tool_server.gate = (
-                Gate(self.policy, trail, self.session_id)
+                Gate(self.policy, trail, self._session_id)
                 if self.policy is not None or trail is not None
                 else None
             )
             await stack.enter_async_context(tool_server)
             address = ToolServerEnv(
-                host=self.tool_server_host,
+                host=settings.tool_server_host,
                 port=tool_server.port,
                 token=tool_server.token,
                 socket=str(tool_server.uds) if tool_server.uds is not None else None,
             )
-            kernel_env = {**self._kernel_settings(), **address.to_env()}
-            gateway = KernelGateway(
-                host=self.kernel_gateway_host,
-                port=self.kernel_gateway_port,
-                sandbox=self.sandbox,
-                sandbox_config=self.sandbox_config,
-                log_level=self.log_level,
-                env=kernel_env,
-                auth_token=gateway_token,
-                working_dir=self.working_dir,
-                memory_limit=self.memory_limit,
-                max_processes=self.max_processes,
-                sandbox_hidden=(*self.sandbox_hidden, *([trail.path.parent] if trail is not None else [])),
-                registry_dir=self.registry.path.parent,
+            # The tool server learns from the gateway, at each of its starts, where kernels write.
+            kernels = KernelHost(
+                settings,
+                {**settings.kernel_settings(), **address.to_env()},
+                on_start=tool_server.confine,
+                # The audit trail's folder too: a sandboxed kernel can neither read nor write it.
+                hidden=(trail.path.parent,) if trail is not None else (),
+                registry_dir=self._registry.path.parent,
             )
-            await stack.enter_async_context(gateway)
-            tool_server.kernel_writable = gateway.kernel_writable
-            tool_server.kernel_readonly = gateway.kernel_readonly
-            tool_server.shell_runner = gateway.shell_runner() if self._exec_wall else None
-            kernel = KernelClient(
-                host=self.kernel_gateway_host,
-                port=gateway.port,
-                images_dir=self.images_dir,
-                auth_token=gateway_token,
-                spare_kernel=self.spare_kernel,
-            )
-            await stack.enter_async_context(kernel)
+            await kernels.start()
+            stack.push_async_callback(kernels.stop)
             approval = ApprovalClient(
                 callback=self._on_approval_request,
-                host=self.tool_server_host,
+                host=settings.tool_server_host,
                 port=tool_server.port,
                 secret=tool_server.approval_secret,
             )
             await stack.enter_async_context(approval)
-            self._tool_server, self._kernel, self._gateway = tool_server, kernel, gateway
-            self._parts = (approval, kernel, gateway, tool_server)
+            self._tool_server, self._kernels, self._approval = tool_server, kernels, approval
             self._socket_dir = socket_dir
             self._audit_trail = trail
             # From here on stop() takes everything down; the stack only served a failed start.
@@ -369,26 +363,21 @@ class CodeExecutor:
 
         Stopping a stopped executor does nothing.
         """
-        parts, self._parts = self._parts, None
-        self._tool_server = self._kernel = self._gateway = None
-        if parts is None:
+        approval, kernels, tool_server = self._approval, self._kernels, self._tool_server
+        socket_dir = self._socket_dir
+        self._approval = self._kernels = self._tool_server = self._socket_dir = None
+        if approval is None or kernels is None or tool_server is None:
             return
-        approval, kernel, gateway, tool_server = parts
         try:
             await approval.disconnect()
-            # The gateway takes its kernels down with it: no shutdown request per kernel.
-            await kernel.disconnect(shutdown_kernels=False)
         finally:
             # Both run to their end even if one fails; the first failure is raised.
-            outcomes = await asyncio.gather(
-                gateway.stop(timeout=_STOP_GRACE), tool_server.stop(), return_exceptions=True
-            )
+            outcomes = await asyncio.gather(kernels.stop(), tool_server.stop(), return_exceptions=True)
             trail, self._audit_trail = self._audit_trail, None
             if trail is not None:
                 trail.close()
-            if self._socket_dir is not None:
-                shutil.rmtree(self._socket_dir, ignore_errors=True)
-                self._socket_dir = None
+            if socket_dir is not None:
+                shutil.rmtree(socket_dir, ignore_errors=True)
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome
@@ -403,10 +392,12 @@ class CodeExecutor:
             RuntimeError: If the executor is not started.
             KernelConnectionError: If no fresh kernel could be created.
         """
-        kernel, tool_server = self._require_started()
+        kernels, tool_server = self._require_started()
         async with self._lock:
             # Both resets run to their end even when one fails; the first failure is raised.
-            outcomes = await asyncio.gather(kernel.reset(), tool_server.reset(), return_exceptions=True)
+            outcomes = await asyncio.gather(
+                kernels.client.reset(), tool_server.reset(), return_exceptions=True
+            )
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
                     raise outcome
@@ -420,12 +411,12 @@ class CodeExecutor:
         Raises:
             RuntimeError: If the executor is not started.
         """
-        kernel, _ = self._require_started()
+        kernels, _ = self._require_started()
         runner = self._runner
         if self._lock.locked() and runner is not None and not runner.done():
             # Sent once the kernel has started the code, however long that takes, unless the
             # execution ends first.
-            await kernel.interrupt(wait_until_started=True, ended=runner)
+            await kernels.client.interrupt(wait_until_started=True, ended=runner)
 
     async def execute(self, code: str, timeout: float = 120) -> CodeExecutionResult:
         """Run code, approving every tool call it makes, and return the result.
@@ -476,13 +467,14 @@ class CodeExecutor:
                 its state and the executor stays usable.
             RuntimeError: If the executor is not started.
         """
-        kernel, _ = self._require_started()
+        kernels, _ = self._require_started()
         async with self._lock:
+            kernel = kernels.client
             cell_span = self._tracing.start_cell(code) if self._tracing is not None else None
             items: asyncio.Queue[_Item | None] = asyncio.Queue()  # None ends the stream
             self._requests = items
             runner = asyncio.create_task(
-                self._run(kernel.stream(code, timeout=timeout), kernel, chunks, items)
+                self._run(kernel.stream(code, timeout=timeout), kernels, chunks, items)
             )
             self._runner = runner
             handed: list[ApprovalRequest] = []
@@ -520,7 +512,7 @@ class CodeExecutor:
     async def _run(
         self,
         outputs: AsyncGenerator[str | ExecutionResult, None],
-        kernel: KernelClient,
+        kernels: KernelHost,
         chunks: bool,
         items: asyncio.Queue[_Item | None],
     ) -> None:
@@ -531,7 +523,7 @@ class CodeExecutor:
                 elif chunks:
                     items.put_nowait(CodeExecutionChunk(text=item))
         except KernelDiedError as exc:
-            message = await self._replace_dead_kernel(kernel)
+            message = await kernels.recover()
             if exc.ename == "KernelOutputTooLarge":
                 message = f"{exc.evalue} {message}"
             raise CodeExecutionError(
@@ -544,66 +536,15 @@ class CodeExecutor:
         finally:
             items.put_nowait(None)
 
-    async def _replace_dead_kernel(self, kernel: KernelClient) -> str:
-        """After the kernel died mid-execution: a fresh kernel, on a fresh gateway if the
-        gateway went too; the message for the execution that was hit."""
-        lost = "all variables, imports and definitions are gone"
-        gateway = self._gateway
-        if gateway is None:  # stopped meanwhile
-            return "The kernel died while running the code, and the executor was stopped."
-        # A dead gateway is checked first: its spare kernel's connection may not have noticed yet,
-        # so a reset onto the spare would "succeed" and leave the next execution to fail.
-        if gateway.running:
-            died = "The kernel died while running the code"
-            if gateway.memory_exceeded():
-                died = (
-                    f"The kernel was killed because it used more than its memory limit ({self.memory_limit}) "
-                    "while running the code"
-                )
-            try:
-                await kernel.reset()
-                # A gateway killed just after its kernel may still look alive, and the spare's
-                # connection may not have noticed yet: one round trip proves the fresh kernel works.
-                await kernel.execute("", timeout=10)
-                return f"{died}; a fresh kernel has replaced it and {lost}."
-            except (KernelConnectionError, ExecutionError, TimeoutError, httpx2.HTTPError, OSError):
-                pass  # no working kernel: the gateway itself is gone or broken
-        try:
-            await kernel.disconnect()
-            await gateway.stop()
-            await gateway.start()
-            if self._tool_server is not None:
-                self._tool_server.kernel_writable = gateway.kernel_writable
-                self._tool_server.kernel_readonly = gateway.kernel_readonly
-                self._tool_server.shell_runner = gateway.shell_runner() if self._exec_wall else None
-            kernel.port = gateway.port
-            await kernel.connect()
-        except Exception as error:  # broad: any failure of the restart is reported in the cell's error
-            return (
-                "The kernel gateway died while running the code, and starting a new one failed "
-                f"({error}); stop() and start() the executor to try again."
-            )
-        return (
-            "The kernel gateway died while running the code; ipybox started a new gateway and "
-            f"kernel, and {lost}."
-        )
-
     def _end_cell(self, span: Any, error: BaseException | None) -> None:
         assert self._tracing is not None
         self._tracing.end_cell(span, error)
 
-    async def _on_approval_request(self, request: ApprovalRequest) -> None:
-        if self._requests is None:
-            # No execution is running (e.g. a thread the code left behind): nobody can decide.
-            await request.reject()
-        else:
-            self._requests.put_nowait(request)
-
     def _open_audit(self) -> AuditTrail | None:
         """The audit trail this executor writes, opened; ``None`` without `audit`."""
-        if self.audit is False:
+        if self._audit is False:
             return None
-        trail = AuditTrail(None if self.audit is True else Path(self.audit))
+        trail = AuditTrail(None if self._audit is True else Path(self._audit))
         try:
             trail.open()
         except (OSError, sqlite3.Error) as exc:
@@ -613,48 +554,14 @@ class CodeExecutor:
             ) from exc
         return trail
 
-    def _kernel_settings(self) -> dict[str, str]:
-        """The kernel's environment before the tool server's address: `kernel_env` and what the
-        kernel extension (``ipybox.kernel._ext``) reads."""
-        env = dict(self.kernel_env)
-        if self.working_dir is not None:
-            env[KernelEnv.WORKING_DIR] = str(self.working_dir)
-        if self.approve_shell_cmds:
-            env[KernelEnv.APPROVE_SHELL] = "1"
-        if self._exec_wall:
-            env[KernelEnv.EXEC_WALL] = "1"
-        if self.require_shell_escape:
-            env[KernelEnv.REQUIRE_SHELL_ESCAPE] = "1"
-        return env
+    async def _on_approval_request(self, request: ApprovalRequest) -> None:
+        if self._requests is None:
+            # No execution is running (e.g. a thread the code left behind): nobody can decide.
+            await request.reject()
+        else:
+            self._requests.put_nowait(request)
 
-    @property
-    def _exec_wall(self) -> bool:
-        """Whether the kernel cannot start programs, and its approved shell commands run on the
-        tool server in a sandbox of their own (sandboxed on Linux, with shell commands approved;
-        macOS has no such filter: there shell approval stays a guard in the kernel)."""
-        return self.sandbox and self.approve_shell_cmds and sys.platform == "linux"
-
-    def _require_started(self) -> tuple[KernelClient, ToolServer]:
-        if self._kernel is None or self._tool_server is None:
+    def _require_started(self) -> tuple[KernelHost, ToolServer]:
+        if self._kernels is None or self._tool_server is None:
             raise RuntimeError("The code executor is not started; call start() or use 'async with'.")
-        return self._kernel, self._tool_server
-
-
-def _checked_env(kernel_env: Mapping[str, str] | None) -> dict[str, str]:
-    """`kernel_env` as a dict, refused here with its offending entry rather than later by subprocess."""
-    if kernel_env is None:
-        return {}
-    if not isinstance(kernel_env, Mapping):
-        raise ValueError(f"kernel_env must be a dict of strings to strings, not {type(kernel_env).__name__}.")
-    for name, value in kernel_env.items():
-        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
-            raise ValueError(
-                f"kernel_env has the name {name!r}: names of environment variables are non-empty strings "
-                "without '=' or NUL."
-            )
-        if not isinstance(value, str) or "\0" in value:
-            raise ValueError(
-                f"kernel_env[{name!r}] is {value!r} ({type(value).__name__}); values of environment variables "
-                f"are strings without NUL: pass str(value), e.g. {{{name!r}: {str(value)!r}}}."
-            )
-    return dict(kernel_env)
+        return self._kernels, self._tool_server

@@ -6,7 +6,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import json
 import os
 import shutil
 import sys
@@ -20,12 +19,13 @@ import httpx2
 import psutil
 
 from ipybox._infra import kill_tree, listen, running
-from ipybox._wire import GatewayEnv, KernelEnv, ToolServerEnv
+from ipybox._wire import GatewayEnv, KernelEnv
 from ipybox.app import _sandbox
+from ipybox.app._kernel_spec import KERNEL_NAME, SandboxSetup, write_kernel_spec
 from ipybox.app._registry import default_registry_path
-from ipybox.app._shell import ShellRunner
+from ipybox.app._shell import KernelConfinement, ShellRunner
 from ipybox.errors import GatewayError, SandboxUnavailableError
-from ipybox.gateway import _kernel_launch, _limits
+from ipybox.gateway import _limits
 from ipybox.kernel import _exec_wall
 
 _LOG_TAIL_LINES = 40
@@ -118,7 +118,7 @@ class KernelGateway:
         self.port = port or 0
         self.sandbox = sandbox
         self.sandbox_config = sandbox_config
-        self.log_level = _gateway_log_level(log_level)
+        self.log_level = gateway_log_level(log_level)
         self.log_to_stderr = log_to_stderr
         self.env = dict(env or {})
         loaders = sorted(
@@ -138,10 +138,10 @@ class KernelGateway:
         self._jupyter_dir: Path | None = None
         self._srt = ""
         self._sandbox_config: dict[str, Any] | None = None
-        # What a sandboxed kernel may write (its settings' allowWrite); trusted programs never run
-        # from there (see ipybox.app._params.confine).
-        self.kernel_writable: tuple[Path, ...] = ()
-        self.kernel_readonly: tuple[Path, ...] = ()
+        # What a sandboxed kernel may write (its settings' allowWrite) and what stays read-only
+        # there, as the last start wrote them; trusted programs never run from there
+        # (see ipybox.app._params.confine).
+        self._confined = KernelConfinement()
 
     @property
     def url(self) -> str:
@@ -248,7 +248,16 @@ class KernelGateway:
             start_dir.mkdir()
             if self.sandbox:
                 _sandbox.make_placeholders(self.working_dir, self._jupyter_dir)
-            self._write_kernel_spec(self._jupyter_dir)
+            sandboxing = (
+                SandboxSetup(
+                    self._srt, self._sandbox_config, self.working_dir, self.sandbox_hidden, self.registry_dir
+                )
+                if self.sandbox
+                else None
+            )
+            self._confined = write_kernel_spec(
+                self._jupyter_dir, env=self.env, limits=self._limits, sandbox=sandboxing
+            )
             self._process, self._pipes = await _spawn(self._command(), self._gateway_env(), start_dir)
         except BaseException:
             if self.sandbox:
@@ -334,7 +343,7 @@ class KernelGateway:
             f"--KernelGatewayApp.port={self.port}",
             "--KernelGatewayApp.port_retries=0",
             f"--KernelGatewayApp.log_level={self.log_level}",
-            f"--KernelGatewayApp.default_kernel_name={_KERNEL_NAME}",
+            f"--KernelGatewayApp.default_kernel_name={KERNEL_NAME}",
             "--KernelManager.transport_encryption=auto",
             # Agents read all output; the notebook's output throttling would drop some.
             "--ZMQChannelsWebsocketConnection.limit_rate=False",
@@ -343,12 +352,20 @@ class KernelGateway:
             *(["--KernelManager.transport=ipc"] if self.sandbox else []),
         ]
 
-    def shell_runner(self) -> ShellRunner | None:
-        """What runs the approved shell commands of this gateway's sandboxed kernels outside them:
-        a new srt sandbox with the kernels' settings and temporary folder, started as the gateway
-        starts a kernel (``None`` while the gateway is stopped, or unsandboxed)."""
+    @property
+    def confinement(self) -> KernelConfinement:
+        """Where this gateway's sandboxed kernels write, what stays read-only there, and (for
+        kernels walled in against starting programs) what runs their approved shell commands;
+        empty while the gateway is stopped, or unsandboxed."""
         if not self.sandbox or self._jupyter_dir is None:
-            return None
+            return KernelConfinement()
+        walled = self.env.get(KernelEnv.EXEC_WALL) == "1"
+        return dataclasses.replace(self._confined, shell_runner=self._shell_runner() if walled else None)
+
+    def _shell_runner(self) -> ShellRunner:
+        """A new srt sandbox with the kernels' settings and temporary folder for each approved
+        shell command, started as the gateway starts a kernel."""
+        assert self._jupyter_dir is not None
         gateway_env = self._gateway_env()
         env = {key: value for key, value in gateway_env.items() if key in _GATEWAY_ENV_KEYS}
         env.update(
@@ -360,7 +377,9 @@ class KernelGateway:
             folder
             for folder in dict.fromkeys(folders)
             if os.path.isabs(folder)
-            and not any(Path(folder).resolve().is_relative_to(writable) for writable in self.kernel_writable)
+            and not any(
+                Path(folder).resolve().is_relative_to(writable) for writable in self._confined.writable
+            )
         ]
         return ShellRunner(
             srt=self._srt,
@@ -407,108 +426,6 @@ class KernelGateway:
         if self.auth_token:
             env["KG_AUTH_TOKEN"] = self.auth_token  # in the environment: argv is world-readable
         return env
-
-    def _write_kernel_spec(self, jupyter_dir: Path) -> None:
-        """Write the kernel spec of ipybox kernels (and the sandbox's settings) to `jupyter_dir`.
-
-        Kernels run this interpreter's ipykernel with `_KERNEL_ARGS`, inside srt when sandboxed.
-        IPython's history database is turned off: agents do not read it, and writing it costs
-        a few ms on every execution.
-        """
-        spec_dir = jupyter_dir / "kernels" / _KERNEL_NAME
-        spec_dir.mkdir(parents=True)
-        argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *_KERNEL_ARGS]
-        if self.sandbox and self.env.get(KernelEnv.EXEC_WALL) == "1":
-            # The wall goes up before anything of the kernel runs (see _exec_wall); -P: nothing is
-            # imported from the working directory, where kernel code could plant a module.
-            argv[1:3] = ["-P", "-m", "ipybox.kernel._exec_wall", "ipykernel_launcher"]
-        spec: dict[str, object] = {
-            "display_name": "Python 3 (ipybox)",
-            "language": "python",
-            # Kernel channels are ZMQ sockets on localhost: encrypt them (CurveZMQ) so that
-            # other local users cannot read or inject kernel messages.
-            "metadata": {"debugger": False, "supported_encryption": ["curve"]},
-        }
-        if self.sandbox:
-            # In its own PID namespace the kernel's parent is PID 1, which ipykernel's parent
-            # poller takes for "the parent exited"; its launcher ends it with the gateway instead.
-            argv = self._sandboxed(jupyter_dir, [*argv, "--IPKernelApp.parent_handle=0"])
-            # bwrap forwards no signals to the kernel: interrupt it with a control message.
-            spec["interrupt_mode"] = "message"
-        # A sandboxed kernel's launcher applies the limits itself, after forking its watcher.
-        spec["argv"] = argv if self.sandbox else self._limits.launcher(argv)
-        (spec_dir / "kernel.json").write_text(json.dumps(spec))
-
-    def _sandboxed(self, jupyter_dir: Path, argv: list[str]) -> list[str]:
-        runtime, tmp = jupyter_dir / "runtime", jupyter_dir / "tmp"
-        for path in (runtime, tmp):
-            path.mkdir()
-        # The settings written here are those of the shell sandbox (`shell_runner`) and of the start
-        # check, whose private folder is `tmp`; each kernel runs under a copy whose private folder is
-        # its own, in `runtime` (_kernel_launch).
-        private = [tmp]
-        registry_dir = self.registry_dir
-        # A folder that does not exist cannot be protected: srt skips it, and the kernel could create it.
-        registry_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        socket = self.env.get(ToolServerEnv.SOCKET)
-        settings_file = jupyter_dir / "srt-settings.json"
-        settings = _sandbox.sandbox_settings(
-            self._sandbox_config,
-            working_dir=self.working_dir,
-            private_dirs=private,
-            # srt looks for the protected names from its own working directory, which is not the
-            # kernel's: those in subfolders are found here (the working directory's own are fixed).
-            protected=[
-                registry_dir,
-                *(
-                    path
-                    for path in _trusted_installation(self._srt)
-                    if path != self.working_dir and path not in self.working_dir.parents
-                ),
-                jupyter_dir / "kernels",
-                settings_file,
-                *_sandbox.nested_protected(self.working_dir),
-            ],
-            tool_socket=Path(socket) if socket else None,
-            readable=(
-                *(
-                    Path(entry)
-                    for entry in self.env.get("PYTHONPATH", "").split(os.pathsep)
-                    if os.path.isabs(entry)
-                ),
-                *_sandbox.srt_support(self._srt),
-            ),
-            hidden=self.sandbox_hidden,
-        )
-        settings_file.write_text(json.dumps(settings, indent=2))
-        filesystem = settings["filesystem"]
-        self.kernel_writable = (
-            *(self.working_dir / Path(path).expanduser() for path in filesystem["allowWrite"]),
-            runtime,
-        )
-        self.kernel_readonly = tuple(
-            self.working_dir / Path(path).expanduser() for path in filesystem["denyWrite"]
-        )
-        launch = {
-            "srt": self._srt,
-            "settings": str(settings_file),
-            "runtime": str(runtime),
-            "tmp": str(tmp),
-            "lock": str(runtime / "gateway.lock"),
-            "working_dir": str(self.working_dir),
-            "prefix": self._limits.launcher([]),
-        }
-        launcher = Path(_kernel_launch.__file__).resolve()
-        return [
-            sys.executable,
-            "-I",
-            "-S",
-            str(launcher),
-            json.dumps(launch),
-            "{connection_file}",
-            "--",
-            *argv,
-        ]
 
     async def _read_output(self, output: asyncio.StreamReader) -> None:
         async for raw in output:
@@ -557,19 +474,7 @@ class KernelGateway:
                     await asyncio.wait_for(self._announced.wait(), 0.25)
 
 
-def _trusted_installation(srt: str) -> list[Path]:
-    """What the application, the gateway and srt run from: the Python environment, ipybox's own
-    package (a checkout's ``src/`` when installed editable) and srt's ``node_modules``. A working
-    directory that holds them (a clone with its ``.venv``) must not let the kernel change them:
-    the next start would run the change outside the sandbox."""
-    paths = [Path(sys.prefix), Path(__file__).resolve().parents[1]]
-    real_srt = Path(srt).resolve()
-    modules = [parent for parent in real_srt.parents if parent.name == "node_modules"]
-    paths.append(modules[-1] if modules else real_srt)
-    return paths
-
-
-def _gateway_log_level(level: str) -> str:
+def gateway_log_level(level: str) -> str:
     """Translate a Python logging level name to the gateway's spelling of it."""
     name = level.upper()
     if name not in ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"):
@@ -580,27 +485,9 @@ def _gateway_log_level(level: str) -> str:
 _GATEWAY_ENV_KEYS = frozenset(
     {"PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "LC_CTYPE", "TMPDIR", "TZ", "SYSTEMROOT"}
 )
-_KERNEL_NAME = "ipybox-python"
 # Variables that make the gateway or srt (outside the sandbox) load code.
 _LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
 _LOADER_ENV_KEYS = frozenset({"NODE_OPTIONS", "NODE_PATH", "BASH_ENV"})
-
-
-_KERNEL_ARGS = [
-    "--HistoryManager.enabled=False",
-    # ipykernel sleeps 0.5 ms before every execute reply so that output tends to arrive
-    # first on notebook frontends. KernelClient waits for the iopub idle status, which
-    # always follows the output, so the sleep only adds latency.
-    "--IPythonKernel._execute_sleep=0",
-    # Agents pay tokens for every escape sequence: no colours in tracebacks.
-    "--InteractiveShell.colors=nocolor",
-    # Shell approval, the shell-escape guard and the kept working directory (see the module).
-    "--IPKernelApp.extensions=ipybox.kernel._ext",
-    # IPython would put the working directory on sys.path before loading the extension, so an
-    # `ipybox/` planted there would run in every later kernel of the same working directory, other
-    # sessions' included. The extension adds it once ipybox is loaded (kernel._ext).
-    "--InteractiveShellApp.ignore_cwd=True",
-]
 
 
 @dataclasses.dataclass

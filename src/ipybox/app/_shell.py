@@ -26,7 +26,7 @@ from ipybox._wire import ShellFields
 from ipybox.app._tool_http import _disconnected
 from ipybox.gateway import _kernel_launch
 
-__all__ = ["ShellResult", "ShellRunner"]
+__all__ = ["KernelConfinement", "ShellResult", "ShellRunner"]
 
 DEFAULT_SHELL_TIMEOUT = 3600.0
 DEFAULT_MAX_SHELL_OUTPUT = 4 * 1024 * 1024
@@ -149,6 +149,25 @@ class ShellRunner:
                 with contextlib.suppress(ProcessLookupError):
                     await asyncio.shield(process.wait())
         return ShellResult(stdout, stderr, exit_code, stopped)
+
+
+@dataclass(frozen=True)
+class KernelConfinement:
+    """What the trusted side must know of a gateway's sandboxed kernels, as the gateway started them.
+
+    The gateway makes one at each start (`KernelGateway.confinement`); the tool server is handed it
+    (`ToolServer.confine`) and refuses to run a stdio MCP server from where a kernel writes.
+
+    Attributes:
+        writable: Folders a sandboxed kernel can write (empty: not sandboxed).
+        readonly: Paths inside those that the kernel's sandbox keeps read-only.
+        shell_runner: Runs the approved shell commands of a kernel that cannot start programs
+            (``None``: the kernel starts its own, or none at all).
+    """
+
+    writable: tuple[Path, ...] = ()
+    readonly: tuple[Path, ...] = ()
+    shell_runner: ShellRunner | None = None
 
 
 class _ShellRequest(BaseModel):

@@ -2,7 +2,7 @@
 
 Application side only. `_ShellRoutes` is a base of :class:`ipybox.app._tool_server.ToolServer`:
 ``/approve`` only asks the application (and the policy gate) about a shell command the kernel
-runs; ``/shell`` asks, then runs the command with ``shell_runner`` while the kernel stays
+runs; ``/shell`` asks, then runs the command with the confinement's ``shell_runner`` while the kernel stays
 connected. It also holds the bearer-token check every endpoint but ``/status`` makes.
 """
 
@@ -16,7 +16,7 @@ from starlette.types import Receive
 from ipybox._infra import BearerToken
 from ipybox._wire import SHELL_SERVER_NAME, AnswerFields, ShellAnswerFields, ShellFields
 from ipybox.app._gate import GateDenied, Ticket
-from ipybox.app._shell import ShellRunner, _run_while_connected, _shell_call, _ShellRequest
+from ipybox.app._shell import KernelConfinement, ShellRunner, _run_while_connected, _shell_call, _ShellRequest
 from ipybox.app._tool_calls import _RunRequest, _ToolCallError, _ToolCalls
 from ipybox.app._tool_http import (
     _UNAUTHORIZED,
@@ -32,7 +32,7 @@ from ipybox.app._tool_http import (
 class _ShellRoutes(_ToolCalls):
     """Serves ``POST /approve`` and ``POST /shell`` (the shell commands of a kernel)."""
 
-    shell_runner: ShellRunner | None
+    _confinement: KernelConfinement
     _inflight: _InflightBudget
     _token: BearerToken | None
 
@@ -87,7 +87,7 @@ class _ShellRoutes(_ToolCalls):
             return _error_response(
                 400, "failed", f"The shell command request is malformed: {_summarise(exc)}"
             )
-        runner = self.shell_runner
+        runner = self._confinement.shell_runner
         if runner is None:
             return _error_response(
                 400,

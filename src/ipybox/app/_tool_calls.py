@@ -31,6 +31,7 @@ from ipybox.app._gate import Asked, Gate, GateDenied, Ticket
 from ipybox.app._mcp import MCPSession
 from ipybox.app._params import StdioParams, confine, resolve_params
 from ipybox.app._registry import ServerRegistry
+from ipybox.app._shell import KernelConfinement
 from ipybox.app._tool_http import _Charge, _error, _json, _RequestBodies, _size, _summarise
 from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 
@@ -74,8 +75,7 @@ class _ToolCalls(_RequestBodies):
     connect_timeout: float
     approve_tool_calls: bool
     max_result_size: int
-    kernel_writable: tuple[Path, ...]
-    kernel_readonly: tuple[Path, ...]
+    _confinement: KernelConfinement
     scope: Path | None
     trust_all_clients: bool
     # The policy and audit trail (set by CodeExecutor); None: every call asks, none is recorded.
@@ -307,9 +307,10 @@ class _ToolCalls(_RequestBodies):
                 # Parameters from a request are the client's mistake; registered ones the application's.
                 status = 400 if self.trust_all_clients else 500
                 raise _ToolCallError(status, "failed", f"Tool call {call} failed: {exc}") from exc
-            if isinstance(resolved, StdioParams) and self.kernel_writable:
+            confinement = self._confinement
+            if isinstance(resolved, StdioParams) and confinement.writable:
                 try:
-                    resolved = confine(server_name, resolved, self.kernel_writable, self.kernel_readonly)
+                    resolved = confine(server_name, resolved, confinement.writable, confinement.readonly)
                 except ServerParamsError as exc:
                     raise _ToolCallError(403, "failed", f"Tool call {call} failed: {exc}") from exc
             session = MCPSession(

@@ -50,7 +50,7 @@ from ipybox._wire import ToolServerPaths
 from ipybox.app._approval_server import POLICY_VIOLATION, ApprovalChannel
 from ipybox.app._mcp import MCPSession
 from ipybox.app._registry import ServerRegistry, default_registry
-from ipybox.app._shell import ShellRunner
+from ipybox.app._shell import KernelConfinement, ShellRunner
 from ipybox.app._shell_routes import _ShellRoutes
 from ipybox.app._tool_http import (
     _UNAUTHORIZED,
@@ -137,13 +137,13 @@ class ToolServer(_ShellRoutes):
             body is read (up to 60 s, then it fails with an error naming the limit); an answer
             that does not fit when its result arrives fails that call alone. One call is counted
             at most this size, so a call of any size up to the limits is run when it is alone.
-        kernel_writable: Folders a sandboxed kernel can write (also settable as an attribute once
-            the kernel's sandbox is known): a stdio server whose program, arguments or working
+        kernel_writable: Folders a sandboxed kernel can write (also given by `confine` once the
+            kernel's sandbox is known): a stdio server whose program, arguments or working
             directory lie there is refused (see the README's sandbox section).
         scope: The executor's working directory: a registered server is run only when its API was
             generated in this folder or a folder directly in it (``None``: any registered server).
         shell_runner: Runs the approved shell commands of a kernel that cannot start programs
-            (``POST /shell``); also settable as an attribute once the kernel's sandbox is known.
+            (``POST /shell``); also given by `confine` once the kernel's sandbox is known.
             ``None``: ``/shell`` is refused.
     """
 
@@ -192,11 +192,8 @@ class ToolServer(_ShellRoutes):
         self.log_level = log_level.upper()
         self.trust_all_clients = trust_all_clients
         self._registry = registry if registry is not None else default_registry()
-        self.kernel_writable = kernel_writable
-        # Paths inside those that the kernel's sandbox keeps read-only (set with kernel_writable).
-        self.kernel_readonly: tuple[Path, ...] = ()
+        self._confinement = KernelConfinement(writable=kernel_writable, shell_runner=shell_runner)
         self.scope = scope
-        self.shell_runner = shell_runner
         self.approve_tool_calls = approve_tool_calls
         self.gate = None
         self.tracing = None
@@ -249,6 +246,20 @@ class ToolServer(_ShellRoutes):
     def running(self) -> bool:
         """Whether the HTTP server is running."""
         return self._serve_task is not None and not self._serve_task.done()
+
+    @property
+    def confinement(self) -> KernelConfinement:
+        """Where the kernels write and how their approved shell commands run, as last confined."""
+        return self._confinement
+
+    def confine(self, confinement: KernelConfinement) -> None:
+        """Take the kernels' confinement, as their gateway just started them.
+
+        Args:
+            confinement: Where the kernels write, what stays read-only there, and the runner of
+                their approved shell commands; it replaces the one given before.
+        """
+        self._confinement = confinement
 
     async def start(self) -> None:
         """Bind the socket and start the HTTP server; returns once it accepts requests.

@@ -19,7 +19,7 @@ from mcp.server import ServerRequestContext
 
 from ipybox.app._confined import ConfinedPathError
 from ipybox.app._executor import CodeExecutionResult, CodeExecutor
-from ipybox.app._kernel_client import DEFAULT_MAX_OUTPUT_CHARS, KeptText
+from ipybox.app._kernel_output import DEFAULT_MAX_OUTPUT_CHARS, KeptText
 from ipybox.mcp_server import _elicit, _output
 
 Progress = Callable[[float, str], Awaitable[None]]

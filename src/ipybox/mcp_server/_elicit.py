@@ -32,7 +32,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from ipybox.app._approval_client import ApprovalRequest
 from ipybox.app._executor import CodeExecutionChunk, CodeExecutionResult
-from ipybox.app._kernel_client import KeptText
+from ipybox.app._kernel_output import KeptText
 from ipybox.errors import ApprovalError, CodeExecutionError
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from pydantic import Field
 from ipybox.app._approval_client import ApprovalRequest
 from ipybox.app._confined import Confined, ConfinedPathError, relative_parts
 from ipybox.app._executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
-from ipybox.app._kernel_client import DEFAULT_MAX_OUTPUT_CHARS, KeptText
+from ipybox.app._kernel_output import DEFAULT_MAX_OUTPUT_CHARS, KeptText
 from ipybox.errors import (
     ApiGenerationError,
     CodeExecutionError,
@@ -204,13 +204,13 @@ class ToolSession(_CellAnswers):
         # Under --sandbox the server must not run from where kernels write: refused before it is
         # started for the listing (the tool server checks again at every start).
         tool_server = self.executor._tool_server
-        if tool_server is not None and tool_server.kernel_writable:
+        if tool_server is not None and (confinement := tool_server.confinement).writable:
             from ipybox.app._params import StdioParams, confine, resolve_params
 
             try:
                 resolved = resolve_params(server_params)
                 if isinstance(resolved, StdioParams):
-                    confine(server_name, resolved, tool_server.kernel_writable, tool_server.kernel_readonly)
+                    confine(server_name, resolved, confinement.writable, confinement.readonly)
             except ServerParamsError as exc:
                 return _error(str(exc))
         try:
@@ -218,7 +218,7 @@ class ToolSession(_CellAnswers):
                 server_name,
                 server_params,
                 self.workspace / MCPTOOLS_DIR,
-                connect_timeout=self.executor.connect_timeout,
+                connect_timeout=self.executor.settings.connect_timeout,
                 registry=self.executor.registry,
             )
         except (ServerParamsError, MCPServerError, ApiGenerationError) as exc:

@@ -1,57 +1,19 @@
-"""Kernels inside Anthropic's sandbox-runtime (``srt``): finding it, its settings, the wrapped command.
-
-Only the kernel runs inside the sandbox; the gateway stays outside and launches each kernel
-through a kernel spec whose command is a launcher (`ipybox.gateway._kernel_launch`) that
-becomes ``srt -s <settings> -c 'exec python -m ipykernel_launcher …'``. The gateway talks to the
-kernel over ZMQ ``ipc://`` sockets in a folder of that kernel's own, the only private folder its
-sandbox shows it (srt removes the network namespace, so TCP ports opened inside are unreachable
-from outside), and the kernel reaches the tool server through a Unix socket.
-
-Settings are srt's own format. The defaults allow no network at all, hide the home folder (but
-the working directory and the kernel's own Python), the shared folders where the host's Unix
-sockets live, ``.env`` and the credential files, on Linux everything outside the system folders
-(`SYSTEM_READABLE`), and allow writes only to the working directory and the private folders
-(which hold the kernel's temporary, IPython and Jupyter folders). A custom settings file
-replaces the defaults, but `sandbox_settings` always adds the rules the rest of ipybox depends
-on: the protected names in the working directory, the credential files and the stored OAuth
-logins (and, for a kernel started as root, what only root may read in ``/etc``), the secrets of the folders the kernel
-imports from outside its Python, the trusted registry, the kernel's Python and its tool socket.
-
-srt and the gateway run in a private folder, never in the working directory (`_kernel_launch.wrap`); the
-protected names missing in the working directory are held by stand-ins that ipybox makes and
-removes, however the application ends (`make_placeholders`).
-"""
+"""The settings a sandboxed kernel runs under: the defaults, a custom file, and the fixed rules added to either."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import fcntl
 import functools
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
-from ipybox._wire import UserEnv
+from ipybox.app._sandbox._srt import private_base
 from ipybox.errors import SandboxUnavailableError
-from ipybox.gateway import _kernel_launch
-
-SRT_VERSION = "0.0.78"
-"""The sandbox-runtime version ipybox is tested with (``scripts/srt/package.json``)."""
-
-_REPO_SRT = Path(__file__).resolve().parents[3] / "scripts" / "srt" / "node_modules" / ".bin" / "srt"
-_INSTALL_SRT = f"npm ci --prefix scripts/srt (in a clone of ipybox) or npm install -g @anthropic-ai/sandbox-runtime@{SRT_VERSION}"
-# Linux programs srt runs, and the Debian/Ubuntu package of each.
-_LINUX_TOOLS = {"bwrap": "bubblewrap", "socat": "socat", "rg": "ripgrep"}
 
 CREDENTIAL_STORES = (
     "~/.ssh",
@@ -128,10 +90,6 @@ PROTECTED_WORKSPACE_FILES = (
 `.env` and the plugin's sandbox settings) read as configuration or run: never writable by a
 sandboxed kernel, whether or not they exist (see `make_placeholders`)."""
 
-_STAND_IN_CONTENT = {".mcp.json": b'{"mcpServers": {}}\n'}
-"""What a stand-in for a missing protected file holds (others are empty): Claude Code refuses an
-empty ``.mcp.json``, and with it every server of the project, even one that made the stand-in."""
-
 HIDDEN_SYSTEM_DIRS = ("/tmp", "/var/tmp", "/run", "/var/run", "/dev/shm")
 """Shared folders where the host's Unix sockets live (terminal multiplexers, agents, D-Bus) and
 other users' temporary files; the default settings hide them (the kernel has its own ``TMPDIR``)."""
@@ -179,65 +137,6 @@ install, a ``PYTHONPATH`` entry), besides every ``.env.*`` file there (`import_p
 
 _ROOT_ONLY_LIMIT = 50_000
 """How many entries of ``/etc`` `root_only` looks at, at most."""
-
-
-def find_srt() -> str:
-    """Return the ``srt`` command to run, after checking that what it needs is installed.
-
-    Looked up as ``$IPYBOX_SRT``, then ``srt`` on ``PATH``, then the copy ``scripts/setup.sh``
-    installs in a clone of ipybox.
-
-    Raises:
-        SandboxUnavailableError: ``srt`` or a program it needs is missing, or the platform has no
-            sandbox; the message names what is missing and the command that installs it.
-    """
-    if sys.platform not in ("linux", "darwin"):
-        raise SandboxUnavailableError(
-            f"sandbox=True works on Linux and macOS only, not on {sys.platform}; start with sandbox=False."
-        )
-    missing: list[str] = []
-    install: list[str] = []
-    srt = (
-        os.environ.get(UserEnv.SRT) or shutil.which("srt") or (str(_REPO_SRT) if _REPO_SRT.exists() else None)
-    )
-    if srt is None:
-        missing.append("srt (@anthropic-ai/sandbox-runtime)")
-        install.append(_INSTALL_SRT)
-    if sys.platform == "linux":
-        packages = [package for tool, package in _LINUX_TOOLS.items() if shutil.which(tool) is None]
-        if packages:
-            missing += [
-                f"{tool} ({package})" for tool, package in _LINUX_TOOLS.items() if package in packages
-            ]
-            install.insert(0, "sudo apt-get install " + " ".join(packages))
-    if missing:
-        raise SandboxUnavailableError(
-            f"sandbox=True needs {', '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} not "
-            f"installed (not found on PATH). Install with: {'; '.join(install)}. "
-            "ipybox never runs the kernel unsandboxed when a sandbox was asked for."
-        )
-    assert srt is not None
-    return srt
-
-
-def tools_dir() -> Path:
-    """A new folder for an executor's tool server socket, private to it: inside `private_base`,
-    which every sandboxed kernel has hidden, and bound only into its own kernels."""
-    return Path(tempfile.mkdtemp(prefix=f"ipybox-tools-{os.getpid()}-", dir=private_base()))
-
-
-def private_base() -> Path:
-    """The folder that holds the private folders of this user's sandboxed gateways
-    (``<tmp>/ipybox-<uid>``, mode 0700). Kernels cannot read it: each sees only its own
-    writable folders inside it, not another executor's connection files and sockets."""
-    base = Path(tempfile.gettempdir()) / f"ipybox-{os.getuid()}"
-    base.mkdir(mode=0o700, exist_ok=True)
-    info = base.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
-        raise SandboxUnavailableError(
-            f"{base} is not a folder of this user's; remove it (or set TMPDIR) and start again."
-        )
-    return base
 
 
 def load_config(path: Path) -> dict[str, Any]:
@@ -345,17 +244,6 @@ def _unchanged(stamps: dict[str, tuple[int, int]]) -> bool:
         if (info.st_mtime_ns, info.st_ino) != stamp:
             return False
     return True
-
-
-def srt_support(srt: str) -> list[Path]:
-    """What srt runs inside the sandbox from its own package (its seccomp helper, which must stay
-    readable where the settings hide the folder srt is installed in); none when `srt` is not the
-    package's command (a wrapper script)."""
-    for parent in Path(srt).resolve().parents:
-        seccomp = parent / "vendor" / "seccomp"
-        if seccomp.is_dir():
-            return [seccomp]
-    return []
 
 
 def _prefixes() -> list[str]:
@@ -549,40 +437,6 @@ def _absolute(path: object, working_dir: Path) -> object:
     return str(working_dir / path)
 
 
-async def check(srt: str, settings_file: Path, tmp_dir: Path, cwd: Path, timeout: float = 30) -> None:
-    """Run ``true`` under the settings once (in an IPC namespace of its own), so that a sandbox that cannot start fails the
-    gateway's start with srt's own words rather than a kernel that never comes up.
-
-    Raises:
-        SandboxUnavailableError: srt refused the settings or could not set up the sandbox.
-    """
-    env = {"PATH": os.environ.get("PATH", os.defpath), "HOME": str(Path.home()), "TMPDIR": str(tmp_dir)}
-    # In an IPC namespace of its own, as the kernel will be: a system that refuses one fails here.
-    command = _kernel_launch.in_own_ipc_namespace([srt, "--settings", str(settings_file), "-c", "true"])
-    process = await asyncio.create_subprocess_exec(
-        *command,
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        env=env,
-        cwd=cwd,
-    )
-    try:
-        output, _ = await asyncio.wait_for(process.communicate(), timeout)
-    except TimeoutError:
-        raise SandboxUnavailableError(f"The sandbox (srt) did not start within {timeout:g} s.") from None
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-    if process.returncode != 0:
-        text = output.decode(errors="replace").strip() or "(no output)"
-        raise SandboxUnavailableError(
-            f"The sandbox (srt) cannot run the kernel with these settings (exit code {process.returncode}): "
-            f"{text}"
-        )
-
-
 def nested_protected(working_dir: Path, depth: int = 3) -> list[Path]:
     """The protected names (`PROTECTED_WORKSPACE_DIRS`, `PROTECTED_WORKSPACE_FILES`) found in the
     subfolders of `working_dir`, down to `depth` levels as srt looks for them, without following
@@ -605,217 +459,3 @@ def nested_protected(working_dir: Path, depth: int = 3) -> list[Path]:
                     deeper.append(Path(entry.path))
         folders = deeper
     return found
-
-
-_JOURNAL = "placeholders.json"
-_GATEWAY_LOCK = "runtime/gateway.lock"
-
-
-def make_placeholders(working_dir: Path, private_dir: Path) -> None:
-    """Put a read-only stand-in where a protected name is missing in `working_dir`.
-
-    bwrap can protect only a path that exists: for a missing one srt would create an empty file
-    itself and remove it when it exits normally, which leaves it behind when srt is killed and,
-    with two kernels sharing a working directory, removes it under the other's sandbox (whose
-    protection then goes). ipybox makes them instead (an empty folder for `PROTECTED_WORKSPACE_DIRS`,
-    which git and editors pass over, an empty file for the rest, but for an ``.mcp.json`` with no
-    servers, which Claude Code can read), records each with its device and
-    inode in a journal in `private_dir`, and removes them when the gateway stops
-    (`remove_placeholders`) or, after the application was killed, at the next start of any
-    sandboxed gateway of the user (`sweep`). A placeholder another live gateway recorded is shared,
-    and removed by the last one. Every access is relative to a descriptor of `working_dir`, and
-    links are never followed.
-    """
-    with _locked():
-        journal: dict[str, Any] = {
-            "pid": os.getpid(),
-            "created": _create_time(os.getpid()),
-            "dir": str(working_dir),
-            "names": {},
-        }
-        shared = {tuple(e) for other in _journals() if _owner_alive(other) for e in _entries(other)}
-        try:
-            fd = os.open(working_dir, os.O_RDONLY | os.O_DIRECTORY)
-        except OSError:
-            return  # no working directory yet: the kernel's start fails and says so
-        try:
-            info = os.fstat(fd)
-            journal["dev"], journal["ino"] = info.st_dev, info.st_ino
-            names: dict[str, list[int]] = {}
-            missing = [
-                n for n in (*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES) if not _exists(n, fd)
-            ]
-            for name in PROTECTED_WORKSPACE_DIRS + PROTECTED_WORKSPACE_FILES:
-                if name not in missing:
-                    found = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                    if (info.st_dev, info.st_ino, found.st_dev, found.st_ino) in shared:
-                        names[name] = [found.st_dev, found.st_ino]
-            journal["names"] = names
-            for name in missing:
-                # Writable on the host, bound read-only into the sandbox: srt takes an empty
-                # read-only file for a mount point of its own, and removes it when it exits.
-                try:
-                    if name in PROTECTED_WORKSPACE_DIRS:
-                        os.mkdir(name, 0o755, dir_fd=fd)
-                    else:
-                        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                        made_fd = os.open(name, flags, 0o644, dir_fd=fd)
-                        try:
-                            os.write(made_fd, _STAND_IN_CONTENT.get(name, b""))
-                        finally:
-                            os.close(made_fd)
-                except FileExistsError:
-                    continue  # made by someone else meanwhile: theirs
-                made = os.stat(name, dir_fd=fd, follow_symlinks=False)
-                names[name] = [made.st_dev, made.st_ino]
-            _write_journal(private_dir / _JOURNAL, journal)
-        finally:
-            os.close(fd)
-
-
-def remove_placeholders(private_dir: Path) -> None:
-    """Remove the placeholders `make_placeholders` recorded in `private_dir` (those still empty,
-    and not shared with another live gateway), then the journal."""
-    with _locked():
-        _remove(private_dir)
-
-
-def sweep() -> None:
-    """Clean up after this user's gateways whose application was killed: their placeholders in
-    working directories and their private folders."""
-    base = private_base()
-    with _locked():
-        for folder in base.glob("ipybox-jupyter-*"):
-            journal = _read_journal(folder / _JOURNAL)
-            if journal is not None and not _owner_alive(journal):
-                _remove(folder)
-                shutil.rmtree(folder, ignore_errors=True)
-        for folder in base.glob("ipybox-tools-*"):
-            pid = folder.name.split("-")[2]
-            if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                shutil.rmtree(folder, ignore_errors=True)
-
-
-def _remove(private_dir: Path) -> None:
-    journal = _read_journal(private_dir / _JOURNAL)
-    if journal is None:
-        return
-    others = [j for j in _journals() if j["_path"] != str(private_dir / _JOURNAL)]
-    shared = {tuple(e) for other in others if _owner_alive(other) for e in _entries(other)}
-    try:
-        fd = os.open(journal["dir"], os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
-        fd = -1
-    try:
-        if fd >= 0 and (os.fstat(fd).st_dev, os.fstat(fd).st_ino) == (journal.get("dev"), journal.get("ino")):
-            for name, entry in journal.get("names", {}).items():
-                if (journal["dev"], journal["ino"], *entry) not in shared:
-                    _remove_one(fd, name, entry)
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    with contextlib.suppress(OSError):
-        (private_dir / _JOURNAL).unlink()
-
-
-def _remove_one(fd: int, name: str, entry: list[int]) -> None:
-    """Remove `name` if it is still the unchanged stand-in made for it (the recorded inode)."""
-    try:
-        found = os.stat(name, dir_fd=fd, follow_symlinks=False)
-    except OSError:
-        return
-    if [found.st_dev, found.st_ino] != entry:
-        return  # replaced since: not ours
-    with contextlib.suppress(OSError):
-        if stat.S_ISDIR(found.st_mode):
-            os.rmdir(name, dir_fd=fd)  # only an empty folder goes
-        elif stat.S_ISREG(found.st_mode) and _holds(fd, name, _STAND_IN_CONTENT.get(name, b"")):
-            os.unlink(name, dir_fd=fd)
-
-
-def _holds(fd: int, name: str, content: bytes) -> bool:
-    """Whether the file `name` (no link followed) holds exactly `content`."""
-    file_fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-    try:
-        return os.read(file_fd, len(content) + 1) == content
-    finally:
-        os.close(file_fd)
-
-
-def _exists(name: str, fd: int) -> bool:
-    try:
-        os.stat(name, dir_fd=fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _entries(journal: dict[str, Any]) -> list[tuple[int, int, int, int]]:
-    names: dict[str, list[int]] = journal.get("names", {})
-    return [(journal["dev"], journal["ino"], *entry) for entry in names.values()]
-
-
-def _journals() -> list[dict[str, Any]]:
-    found = []
-    for path in private_base().glob(f"ipybox-jupyter-*/{_JOURNAL}"):
-        journal = _read_journal(path)
-        if journal is not None:
-            journal["_path"] = str(path)
-            found.append(journal)
-    return found
-
-
-def _read_journal(path: Path) -> dict[str, Any] | None:
-    try:
-        journal = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return journal if isinstance(journal, dict) and "dev" in journal else None
-
-
-def _write_journal(path: Path, journal: dict[str, Any]) -> None:
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(journal))
-    partial.replace(path)
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except psutil.Error:
-        return None
-
-
-def _owner_alive(journal: dict[str, Any]) -> bool:
-    """Whether the application that wrote `journal`, or its gateway, still runs."""
-    created = journal.get("created")
-    if (
-        isinstance(journal.get("pid"), int)
-        and created is not None
-        and _create_time(journal["pid"]) == created
-    ):
-        return True
-    # The gateway holds this lock for its whole life (and sandboxed kernels end with it).
-    lock = Path(journal.get("_path", "")).parent / _GATEWAY_LOCK
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
-@contextlib.contextmanager
-def _locked() -> Iterator[None]:
-    """One process at a time makes, removes or sweeps this user's placeholders."""
-    fd = os.open(private_base() / "placeholders.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)

@@ -1,0 +1,137 @@
+"""One kernel's channels WebSocket on the gateway: the Jupyter messages the kernel client sends
+and reads, framed for the gateway's binary protocol, and the router of what the kernel sends."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+__all__ = ["MAX_MESSAGE_SIZE", "WS_PROTOCOL", "KernelChannels", "decode", "execute_request"]
+
+# The logger keeps the name of the module's public (or former) path.
+logger = logging.getLogger("ipybox.kernel_mgr.client")
+# Bytes one message from the kernel may have (a larger one would be held whole in memory), and
+# the WebSocket close code for a message over it.
+MAX_MESSAGE_SIZE = 64 * 1024 * 1024
+_MESSAGE_TOO_BIG = 1009
+
+
+def _set_event() -> asyncio.Event:
+    event = asyncio.Event()
+    event.set()
+    return event
+
+
+@dataclass
+class KernelChannels:
+    """One kernel on the gateway with its open channels WebSocket."""
+
+    id: str
+    ws: ClientConnection
+    session: str
+    queues: dict[str, asyncio.Queue[dict[str, Any] | None]] = field(default_factory=dict)
+    receiver: asyncio.Task[None] | None = None
+    dead: bool = False
+    # Why the connection ended, when the client itself ended it (a message over the size limit).
+    lost_because: str | None = None
+    busy: asyncio.Event = field(default_factory=asyncio.Event)
+    # Executions submitted and not yet collected; `settled` is set while there are none.
+    pending: int = 0
+    settled: asyncio.Event = field(default_factory=_set_event)
+
+    async def receive(self) -> None:
+        """Route every message from the kernel to the execution it belongs to, until the connection ends."""
+        try:
+            async for raw in self.ws:
+                msg = decode(raw)
+                if msg["msg_type"] == "status" and msg["content"].get("execution_state") in (
+                    "restarting",
+                    "dead",
+                ):
+                    self.died()
+                    continue
+                queue = self.queues.get(msg["parent_id"])
+                if queue is not None:
+                    queue.put_nowait(msg)
+        except websockets.ConnectionClosed as exc:
+            if exc.rcvd is None and exc.sent is not None and exc.sent.code == _MESSAGE_TOO_BIG:
+                self.lost_because = (
+                    f"The kernel sent one message over {MAX_MESSAGE_SIZE // (1024 * 1024)} MiB (an output that "
+                    "large at once, e.g. one print of it), so ipybox closed its connection to the kernel and "
+                    "the kernel's state is lost; print less at once (write large data to a file instead)."
+                )
+        except Exception:  # broad: see below
+            # Without the router no execution can finish: report the kernel as lost.
+            logger.exception("Unreadable message from kernel %s; treating it as dead.", self.id)
+        finally:
+            self.died()
+
+    def died(self) -> None:
+        """Mark the kernel dead and end every execution waiting for its messages."""
+        self.dead = True
+        for queue in self.queues.values():
+            queue.put_nowait(None)
+
+    def settle(self) -> None:
+        """Count one submitted execution as collected."""
+        self.pending -= 1
+        if self.pending == 0:
+            self.settled.set()
+
+
+def execute_request(session: str, msg_id: str, code: str) -> bytes:
+    header = {
+        "msg_id": msg_id,
+        "msg_type": "execute_request",
+        "username": "ipybox",
+        "session": session,
+        "version": "5.3",
+        "date": "",
+    }
+    content = {
+        "code": code,
+        "silent": False,
+        "store_history": True,
+        "user_expressions": {},
+        "allow_stdin": False,
+        # Executions are independent: one that fails must not abort the next one queued.
+        "stop_on_error": False,
+    }
+    return _encode("shell", [header, {}, {}, content])
+
+
+# The gateway's binary WebSocket protocol passes the kernel's message parts through
+# untouched; the JSON one makes the gateway decode and re-encode every message.
+# Frame: count of offsets, the offsets (8-byte little-endian each), then the channel
+# name and the header, parent header, metadata and content parts they delimit.
+WS_PROTOCOL = "v1.kernel.websocket.jupyter.org"
+
+
+def _encode(channel: str, parts: list[dict[str, Any]]) -> bytes:
+    chunks = [channel.encode(), *(json.dumps(part).encode() for part in parts)]
+    offsets = [8 * (len(chunks) + 2)]
+    for chunk in chunks:
+        offsets.append(offsets[-1] + len(chunk))
+    head = len(offsets).to_bytes(8, "little") + b"".join(o.to_bytes(8, "little") for o in offsets)
+    return head + b"".join(chunks)
+
+
+def decode(frame: str | bytes) -> dict[str, Any]:
+    """Decode the parts of a kernel message that the client routes on and reads."""
+    if isinstance(frame, str):
+        frame = frame.encode()
+    count = int.from_bytes(frame[:8], "little")
+    offsets = [int.from_bytes(frame[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
+    header = json.loads(frame[offsets[1] : offsets[2]])
+    parent = json.loads(frame[offsets[2] : offsets[3]])
+    return {
+        "msg_type": header["msg_type"],
+        "parent_id": parent.get("msg_id"),
+        "content": json.loads(frame[offsets[4] : offsets[5]]),
+    }

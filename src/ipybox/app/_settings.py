@@ -1,0 +1,144 @@
+"""`ExecutorSettings`: everything a `CodeExecutor` is configured with, checked once and frozen.
+
+The keyword arguments of `CodeExecutor` build one of these; the executor's parts (the tool
+server, the kernels) are then made from it and never read the executor's state behind its back.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from ipybox._wire import KernelEnv
+from ipybox.app._gateway import gateway_log_level
+from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE
+from ipybox.gateway import _limits
+
+__all__ = ["ExecutorSettings"]
+
+_MIN_PROCESSES = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutorSettings:
+    """How a `CodeExecutor` runs its kernels and tool server; see `CodeExecutor` for each field.
+
+    Values are checked when the settings are made, so a bad one is refused by the constructor
+    with a message naming it, not later by `start()`: `working_dir` is made absolute (that it is
+    an existing folder is checked by `start()`, which may come after the folder is made),
+    `kernel_env` is copied into a read-only mapping.
+
+    Raises:
+        ValueError: If a value is out of range or of the wrong kind, or `sandbox_config` is
+            given without `sandbox`.
+    """
+
+    tool_server_host: str = "localhost"
+    tool_server_port: int | None = None
+    kernel_gateway_host: str = "localhost"
+    kernel_gateway_port: int | None = None
+    kernel_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    images_dir: Path | None = None
+    approval_timeout: float = 60
+    connect_timeout: float = 30
+    sandbox: bool = False
+    sandbox_config: Path | None = None
+    log_level: str = "WARNING"
+    approve_tool_calls: bool = True
+    approve_shell_cmds: bool = False
+    require_shell_escape: bool = False
+    working_dir: Path | None = None
+    memory_limit: int | str | None = None
+    max_processes: int | None = None
+    spare_kernel: bool = True
+    max_result_size: int = DEFAULT_MAX_RESULT_SIZE
+    sandbox_hidden: tuple[Path, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.sandbox_config is not None and not self.sandbox:
+            raise ValueError(
+                f"sandbox_config={str(self.sandbox_config)!r} was given without sandbox=True; the kernel "
+                "would run unsandboxed. Pass sandbox=True as well, or drop sandbox_config."
+            )
+        _check_positive("approval_timeout", self.approval_timeout, "seconds")
+        _check_positive("connect_timeout", self.connect_timeout, "seconds")
+        if isinstance(self.max_result_size, bool) or not isinstance(self.max_result_size, int):
+            raise ValueError(
+                f"max_result_size must be a positive number of bytes, not {self.max_result_size!r}."
+            )
+        _check_positive("max_result_size", self.max_result_size, "bytes")
+        for name in ("tool_server_port", "kernel_gateway_port"):
+            _check_port(name, getattr(self, name))
+        gateway_log_level(self.log_level)
+        if self.memory_limit is not None:
+            _limits.parse_memory(self.memory_limit)
+        if self.max_processes is not None and (
+            isinstance(self.max_processes, bool)
+            or not isinstance(self.max_processes, int)
+            or self.max_processes < _MIN_PROCESSES
+        ):
+            raise ValueError(
+                f"max_processes must be at least {_MIN_PROCESSES} (a kernel runs several threads), "
+                f"not {self.max_processes!r}."
+            )
+        # Frozen: the normalised values are set once, here.
+        object.__setattr__(self, "kernel_env", MappingProxyType(_checked_env(self.kernel_env)))
+        if self.working_dir is not None:
+            object.__setattr__(self, "working_dir", Path(self.working_dir).resolve())
+        object.__setattr__(self, "sandbox_hidden", tuple(Path(folder) for folder in self.sandbox_hidden))
+
+    @property
+    def exec_wall(self) -> bool:
+        """Whether the kernel cannot start programs, and its approved shell commands run on the
+        tool server in a sandbox of their own (sandboxed on Linux, with shell commands approved;
+        macOS has no such filter: there shell approval stays a guard in the kernel)."""
+        return self.sandbox and self.approve_shell_cmds and sys.platform == "linux"
+
+    def kernel_settings(self) -> dict[str, str]:
+        """The kernel's environment before the tool server's address: `kernel_env` and what the
+        kernel extension (``ipybox.kernel._ext``) reads."""
+        env = dict(self.kernel_env)
+        if self.working_dir is not None:
+            env[KernelEnv.WORKING_DIR] = str(self.working_dir)
+        if self.approve_shell_cmds:
+            env[KernelEnv.APPROVE_SHELL] = "1"
+        if self.exec_wall:
+            env[KernelEnv.EXEC_WALL] = "1"
+        if self.require_shell_escape:
+            env[KernelEnv.REQUIRE_SHELL_ESCAPE] = "1"
+        return env
+
+
+def _check_positive(name: str, value: object, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{name} must be a positive number of {unit}, not {value!r}.")
+
+
+def _check_port(name: str, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ValueError(f"{name} must be a TCP port (0 to 65535) or None for a free one, not {value!r}.")
+
+
+def _checked_env(kernel_env: Mapping[str, str] | None) -> dict[str, str]:
+    """`kernel_env` as a dict, refused here with its offending entry rather than later by subprocess."""
+    if kernel_env is None:
+        return {}
+    if not isinstance(kernel_env, Mapping):
+        raise ValueError(f"kernel_env must be a dict of strings to strings, not {type(kernel_env).__name__}.")
+    for name, value in kernel_env.items():
+        if not isinstance(name, str) or not name or "=" in name or "\0" in name:
+            raise ValueError(
+                f"kernel_env has the name {name!r}: names of environment variables are non-empty strings "
+                "without '=' or NUL."
+            )
+        if not isinstance(value, str) or "\0" in value:
+            raise ValueError(
+                f"kernel_env[{name!r}] is {value!r} ({type(value).__name__}); values of environment variables "
+                f"are strings without NUL: pass str(value), e.g. {{{name!r}: {str(value)!r}}}."
+            )
+    return dict(kernel_env)
