@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ipybox.app._apigen import generate_mcp_sources
     from ipybox.app._approval_client import ApprovalRequest
-    from ipybox.app._executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+    from ipybox.app._executor import CodeExecutor
+    from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
     from ipybox.errors import CodeExecutionError
 
 __all__ = [
@@ -33,9 +34,9 @@ __all__ = [
 
 _EXPORTS = {
     "ApprovalRequest": "ipybox.app._approval_client",
-    "CodeExecutionChunk": "ipybox.app._executor",
+    "CodeExecutionChunk": "ipybox.app._results",
     "CodeExecutionError": "ipybox.errors",
-    "CodeExecutionResult": "ipybox.app._executor",
+    "CodeExecutionResult": "ipybox.app._results",
     "CodeExecutor": "ipybox.app._executor",
     "generate_mcp_sources": "ipybox.app._apigen",
 }

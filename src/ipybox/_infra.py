@@ -5,6 +5,7 @@
 - `BearerToken` and `Guard`: the bearer token, Host and Origin checks, for HTTP and WebSocket alike.
 - `kill_tree`: stop a process with its descendants (and its process group); `running`.
 - `strip_ansi`: remove terminal escape sequences.
+- `spawn_with_own_pipes` and `OwnPipes`: a child process whose exit a grandchild cannot hide.
 
 Application side only: the kernel-side modules (``kernel/_tool_client.py``, ``kernel/_ext.py``)
 use the standard library alone and must not import this module.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hmac
 import json
 import os
@@ -285,3 +287,48 @@ ANSI = re.compile(
 def strip_ansi(text: str) -> str:
     """`text` without terminal escape sequences."""
     return ANSI.sub("", text)
+
+
+@dataclasses.dataclass
+class OwnPipes:
+    """A child's standard input and output as pipes of ours, not of its asyncio process object.
+
+    On Python 3.11, waiting for a process whose pipes asyncio holds ends only when every copy of
+    them is closed: one grandchild that outlives the child (a kernel of the gateway) holds the
+    wait for ever. With pipes of our own the wait ends when the child does; `close` them after.
+    """
+
+    output: asyncio.StreamReader
+    transport: asyncio.ReadTransport
+    stdin: int
+
+    def close(self) -> None:
+        self.transport.close()
+        with contextlib.suppress(OSError):
+            os.close(self.stdin)
+
+
+async def spawn_with_own_pipes(
+    command: list[str], env: dict[str, str], cwd: Path
+) -> tuple[asyncio.subprocess.Process, OwnPipes]:
+    """Start `command` with its input and output (stderr too) on pipes of our own (see `OwnPipes`)."""
+    # The input is held open, never written: the child can tell from its end of file that this
+    # process ended, however it ended (even SIGKILL).
+    stdin_read, stdin_write = os.pipe()
+    output_read, output_write = os.pipe()
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command, stdin=stdin_read, stdout=output_write, stderr=output_write, env=env, cwd=cwd
+        )
+    except BaseException:
+        os.close(stdin_write)
+        os.close(output_read)
+        raise
+    finally:
+        os.close(stdin_read)
+        os.close(output_write)
+    output = asyncio.StreamReader()
+    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
+        lambda: asyncio.StreamReaderProtocol(output), os.fdopen(output_read, "rb", buffering=0)
+    )
+    return process, OwnPipes(output, transport, stdin_write)

@@ -5,27 +5,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import sqlite3
 import sys
-import uuid
 from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import Any, Self
 
 import anyio
 
 from ipybox._wire import ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._approval_client import ApprovalClient, ApprovalRequest
-from ipybox.app._audit import AuditTrail
-from ipybox.app._gate import Gate
 from ipybox.app._kernel_client import ExecutionResult
 from ipybox.app._kernel_host import KernelHost
+from ipybox.app._oversight import Oversight
 from ipybox.app._policy import Policy
 from ipybox.app._registry import ServerRegistry, default_registry
+from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app._settings import ExecutorSettings
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 from ipybox.errors import (
@@ -34,37 +31,9 @@ from ipybox.errors import (
     ExecutionError,
     KernelConnectionError,
     KernelDiedError,
-    PolicyError,
 )
 
-if TYPE_CHECKING:
-    from ipybox.app._tracing import Tracing
-
 __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
-
-
-@dataclass(frozen=True)
-class CodeExecutionResult:
-    """The result of code that ran to completion.
-
-    Attributes:
-        text: The complete output text, or ``None`` if the code printed nothing.
-        images: Paths of the PNG images the code displayed.
-    """
-
-    text: str | None
-    images: list[Path] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class CodeExecutionChunk:
-    """A piece of output, yielded by `CodeExecutor.stream` with ``chunks=True``.
-
-    Attributes:
-        text: The output text of this chunk.
-    """
-
-    text: str
 
 
 _Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
@@ -216,18 +185,8 @@ class CodeExecutor:
             max_result_size=max_result_size,
             sandbox_hidden=sandbox_hidden,
         )
-        # Objects the application keeps, not settings: spans, the live rules, the registry.
-        self._tracing: Tracing | None = None
-        if tracing is not False:
-            from ipybox.app._tracing import Tracing
-
-            self._tracing = Tracing(None if tracing is True else tracing)
-        self._policy: Policy | None = None
-        self.policy = policy
-        self._audit: bool | Path = audit
-        # The id of the current session (each start() begins one) in the audit trail.
-        self._session_id = ""
-        self._audit_trail: AuditTrail | None = None
+        # Objects the application keeps, not settings: the live rules, the trail, spans, the registry.
+        self._oversight = Oversight(policy, audit, tracing)
         self._registry = registry if registry is not None else default_registry()
         # The parts, made by start() and dropped by stop(); each owns its own lifecycle.
         self._tool_server: ToolServer | None = None
@@ -252,24 +211,16 @@ class CodeExecutor:
     @property
     def session_id(self) -> str:
         """The id of the current session in the audit trail (each start() begins one)."""
-        return self._session_id
+        return self._oversight.session_id
 
     @property
     def policy(self) -> Policy | None:
         """The policy rules (see the ``policy`` argument); setting it applies at once to later calls."""
-        return self._policy
+        return self._oversight.policy
 
     @policy.setter
     def policy(self, policy: Policy | None) -> None:
-        if policy is not None and not isinstance(policy, Policy):
-            raise PolicyError(f"policy must be an ipybox.policy.Policy, not {type(policy).__name__}.")
-        self._policy = policy
-        tool_server = getattr(self, "_tool_server", None)
-        if tool_server is not None:
-            if tool_server.gate is not None:
-                tool_server.gate.policy = policy
-            elif policy is not None:
-                tool_server.gate = Gate(policy, None, self._session_id)
+        self._oversight.policy = policy
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -299,9 +250,8 @@ class CodeExecutor:
         # .env of the working directory is read when an MCP server starts (app._params),
         # not copied into this process's environment.
         async with AsyncExitStack() as stack:
-            trail = self._open_audit()
-            if trail is not None:
-                stack.callback(trail.close)
+            trail_dir = self._oversight.open()
+            stack.callback(self._oversight.close)
             # A sandboxed kernel has no network: it reaches the tool server through a Unix socket,
             # in a folder other executors' kernels cannot see.
             socket_dir = _sandbox.tools_dir() if settings.sandbox else None
@@ -320,13 +270,7 @@ class CodeExecutor:
                 max_result_size=settings.max_result_size,
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
             )
-            tool_server.tracing = self._tracing
-            self._session_id = uuid.uuid4().hex[:12]
-            tool_server.gate = (
-                Gate(self.policy, trail, self._session_id)
-                if self.policy is not None or trail is not None
-                else None
-            )
+            self._oversight.attach(tool_server)
             await stack.enter_async_context(tool_server)
             address = ToolServerEnv(
                 host=settings.tool_server_host,
@@ -340,7 +284,7 @@ class CodeExecutor:
                 {**settings.kernel_settings(), **address.to_env()},
                 on_start=tool_server.confine,
                 # The audit trail's folder too: a sandboxed kernel can neither read nor write it.
-                hidden=(trail.path.parent,) if trail is not None else (),
+                hidden=(trail_dir,) if trail_dir is not None else (),
                 registry_dir=self._registry.path.parent,
             )
             await kernels.start()
@@ -354,7 +298,6 @@ class CodeExecutor:
             await stack.enter_async_context(approval)
             self._tool_server, self._kernels, self._approval = tool_server, kernels, approval
             self._socket_dir = socket_dir
-            self._audit_trail = trail
             # From here on stop() takes everything down; the stack only served a failed start.
             stack.pop_all()
 
@@ -373,9 +316,7 @@ class CodeExecutor:
         finally:
             # Both run to their end even if one fails; the first failure is raised.
             outcomes = await asyncio.gather(kernels.stop(), tool_server.stop(), return_exceptions=True)
-            trail, self._audit_trail = self._audit_trail, None
-            if trail is not None:
-                trail.close()
+            self._oversight.close()
             if socket_dir is not None:
                 shutil.rmtree(socket_dir, ignore_errors=True)
             for outcome in outcomes:
@@ -470,7 +411,7 @@ class CodeExecutor:
         kernels, _ = self._require_started()
         async with self._lock:
             kernel = kernels.client
-            cell_span = self._tracing.start_cell(code) if self._tracing is not None else None
+            cell_span = self._oversight.start_cell(code)
             items: asyncio.Queue[_Item | None] = asyncio.Queue()  # None ends the stream
             self._requests = items
             runner = asyncio.create_task(
@@ -506,8 +447,7 @@ class CodeExecutor:
                         await asyncio.wait({runner})
                         with contextlib.suppress(KernelConnectionError):
                             await kernel.interrupt()
-                    if cell_span is not None:
-                        self._end_cell(cell_span, sys.exc_info()[1])
+                    self._oversight.end_cell(cell_span, sys.exc_info()[1])
 
     async def _run(
         self,
@@ -535,24 +475,6 @@ class CodeExecutor:
             ) from exc
         finally:
             items.put_nowait(None)
-
-    def _end_cell(self, span: Any, error: BaseException | None) -> None:
-        assert self._tracing is not None
-        self._tracing.end_cell(span, error)
-
-    def _open_audit(self) -> AuditTrail | None:
-        """The audit trail this executor writes, opened; ``None`` without `audit`."""
-        if self._audit is False:
-            return None
-        trail = AuditTrail(None if self._audit is True else Path(self._audit))
-        try:
-            trail.open()
-        except (OSError, sqlite3.Error) as exc:
-            raise RuntimeError(
-                f"The audit trail {trail.path} could not be opened: {exc}; fix its folder's permissions, "
-                "or pass another path (audit=Path(...))."
-            ) from exc
-        return trail
 
     async def _on_approval_request(self, request: ApprovalRequest) -> None:
         if self._requests is None:

@@ -18,7 +18,7 @@ from typing import Any, Self
 import httpx2
 import psutil
 
-from ipybox._infra import kill_tree, listen, running
+from ipybox._infra import OwnPipes, kill_tree, listen, running, spawn_with_own_pipes
 from ipybox._wire import GatewayEnv, KernelEnv
 from ipybox.app import _sandbox
 from ipybox.app._kernel_spec import KERNEL_NAME, SandboxSetup, write_kernel_spec
@@ -132,7 +132,7 @@ class KernelGateway:
             )
         self._process: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._pipes: _Pipes | None = None
+        self._pipes: OwnPipes | None = None
         self._log_tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
         self._announced = asyncio.Event()
         self._jupyter_dir: Path | None = None
@@ -258,7 +258,9 @@ class KernelGateway:
             self._confined = write_kernel_spec(
                 self._jupyter_dir, env=self.env, limits=self._limits, sandbox=sandboxing
             )
-            self._process, self._pipes = await _spawn(self._command(), self._gateway_env(), start_dir)
+            self._process, self._pipes = await spawn_with_own_pipes(
+                self._command(), self._gateway_env(), start_dir
+            )
         except BaseException:
             if self.sandbox:
                 _sandbox.remove_placeholders(self._jupyter_dir)
@@ -490,55 +492,9 @@ _LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
 _LOADER_ENV_KEYS = frozenset({"NODE_OPTIONS", "NODE_PATH", "BASH_ENV"})
 
 
-@dataclasses.dataclass
-class _Pipes:
-    """The gateway's ends of its standard input and output, owned here, not by its process object.
-
-    The kernels inherit the gateway's output. On Python 3.11, waiting for a process whose pipes
-    asyncio holds ends only when every copy of them is closed, so one kernel that outlived the
-    gateway's stop held ``stop()`` for ever. Pipes of our own leave the wait to the process alone.
-    """
-
-    output: asyncio.StreamReader
-    transport: asyncio.ReadTransport
-    stdin: int
-
-    def close(self) -> None:
-        self.transport.close()
-        with contextlib.suppress(OSError):
-            os.close(self.stdin)
-
-
-async def _spawn(
-    command: list[str], env: dict[str, str], cwd: Path
-) -> tuple[asyncio.subprocess.Process, _Pipes]:
-    """Start the gateway with its input and output on pipes of our own (see `_Pipes`)."""
-    # Held open, never written: the gateway stops when it reads end of file, which happens
-    # when this process ends, however it ends (even SIGKILL).
-    stdin_read, stdin_write = os.pipe()
-    output_read, output_write = os.pipe()
-    try:
-        process = await asyncio.create_subprocess_exec(
-            *command, stdin=stdin_read, stdout=output_write, stderr=output_write, env=env, cwd=cwd
-        )
-    except BaseException:
-        os.close(stdin_write)
-        os.close(output_read)
-        raise
-    finally:
-        os.close(stdin_read)
-        os.close(output_write)
-    output = asyncio.StreamReader()
-    transport, _ = await asyncio.get_running_loop().connect_read_pipe(
-        lambda: asyncio.StreamReaderProtocol(output), os.fdopen(output_read, "rb", buffering=0)
-    )
-    return process, _Pipes(output, transport, stdin_write)
-
-
 async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -> None:
     """Terminate `process` and all its descendants; kill what outlives `timeout`."""
-    # Kernels are terminated together with the gateway rather than left to its own
-    # shutdown, which waits for each kernel in turn.
+    # Kernels are terminated together with the gateway rather than left to its own shutdown,
+    # which waits for each kernel in turn. The gateway is our child: asyncio reaps it.
     await kill_tree(process.pid, timeout)
-    # The gateway is our child: asyncio reaps it.
     await process.wait()
