@@ -348,11 +348,15 @@ async def test_an_accepted_command_sees_no_ipc_object_of_the_host(walled: CodeEx
 
 
 def gateways() -> set[int]:
-    return {
-        p.pid
-        for p in psutil.Process().children(recursive=True)
-        if "ipybox.gateway._main" in " ".join(p.cmdline())
-    }
+    return {p.pid for p in psutil.Process().children(recursive=True) if "ipybox.gateway._main" in _cmdline(p)}
+
+
+def _cmdline(process: psutil.Process) -> str:
+    # A child that ended meanwhile (a zombie not reaped yet, or gone) is no gateway of ours.
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
 
 
 async def test_approved_commands_still_run_after_a_dead_gateway_was_replaced(workdir: Path) -> None:
