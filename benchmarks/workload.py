@@ -33,6 +33,18 @@ MANY_TOOLS_SERVER = HERE / "servers" / "many_tools_server.py"
 TRIVIAL = "x = 1"
 
 
+def _open_mode() -> dict[str, bool]:
+    """The keyword that keeps this project's tool server in the open mode the reference always has
+    (a request names its server, no token): the project's default became the secure set-up."""
+    import inspect
+
+    from ipybox.tool_exec.server import ToolServer
+
+    return (
+        {"trust_all_clients": True} if "trust_all_clients" in inspect.signature(ToolServer).parameters else {}
+    )
+
+
 def free_port() -> int:
     """A port that was free a moment ago, for the APIs that need an explicit one."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -302,7 +314,7 @@ async def tool_calls(args: argparse.Namespace, approval: bool) -> dict[str, Any]
             samples.append(ms(time.perf_counter() - start))
         return samples
 
-    async with ToolServer(port=port, approval_required=approval, trust_all_clients=True):
+    async with ToolServer(port=port, approval_required=approval, **_open_mode()):
         if approval:
             async with ApprovalClient(callback=accept, port=port):
                 samples = await asyncio.to_thread(call_loop)
@@ -334,7 +346,7 @@ async def fig_concurrent_calls(args: argparse.Namespace) -> dict[str, Any]:
     port = free_port()
     server_params = {"command": args.mcp_python, "args": [str(BENCH_SERVER)]}
     samples = []
-    async with ToolServer(port=port, approval_required=False, trust_all_clients=True):
+    async with ToolServer(port=port, approval_required=False, **_open_mode()):
         runner = ToolRunner(server_name="bench", server_params=server_params, port=port)
         await runner.run("sleep", {"seconds": 0.0})
 
@@ -393,7 +405,7 @@ async def fig_throughput(args: argparse.Namespace) -> dict[str, Any]:
     server_params = {"command": args.mcp_python, "args": [str(BENCH_SERVER)]}
     tool_args = {"text": "hello"}
     concurrent, sequential = [], []
-    async with ToolServer(port=port, approval_required=False, trust_all_clients=True):
+    async with ToolServer(port=port, approval_required=False, **_open_mode()):
         runner = ToolRunner(server_name="bench", server_params=server_params, port=port)
 
         def in_a_row() -> float:
@@ -482,8 +494,8 @@ async def fig_tool_overhead(args: argparse.Namespace) -> dict[str, Any]:
     tool_minus_floor: list[float] = []
     approval_minus_floor: list[float] = []
     async with (
-        ToolServer(port=auto_port, approval_required=False, trust_all_clients=True),
-        ToolServer(port=approval_port, approval_required=True, trust_all_clients=True),
+        ToolServer(port=auto_port, approval_required=False, **_open_mode()),
+        ToolServer(port=approval_port, approval_required=True, **_open_mode()),
         ApprovalClient(callback=accept, port=approval_port),
         Client(direct, mode="legacy") as client,
     ):
