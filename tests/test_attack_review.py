@@ -1,0 +1,80 @@
+"""Attacks on the features that came with OAuth, tool search, approval by the person at the MCP
+client, tracing and the remote channel: hostile kernel code, a hostile MCP server, a hostile web
+page on the loopback interface. Each test passes when the attack fails."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ipybox import CodeExecutor, generate_mcp_sources
+from ipybox.app import _search_index
+from ipybox.kernel._search import INDEX_FILE
+from ipybox.tool_exec.search import search_tools
+from tests.mcp_apigen.apigen_support import TOOLS_SERVER
+
+ISSUES = {
+    "name": "create_issue",
+    "description": "Create a new issue in a GitHub repository.",
+    "inputSchema": {"type": "object", "properties": {"repo": {"type": "string"}}, "required": ["repo"]},
+}
+
+
+def _params(tmp_path: Path, name: str, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    path = tmp_path / f"{name}-tools.json"
+    path.write_text(json.dumps(tools))
+    return {"command": sys.executable, "args": [str(TOOLS_SERVER), "--tools", str(path)]}
+
+
+# Kernel code plants many packages, each with a catalogue just under the per-file cap: without a
+# budget over all of them, every generation makes the trusted side read and index them all (its
+# memory grows with the number of packages, beyond any limit the kernel itself runs under), and the
+# catalogues read first can crowd out the package being generated.
+_PLANT = """
+import json, os
+entry = {{"server": "junk", "tool": "t", "module": "m", "import_line": "x", "signature": "s",
+          "description": "d", "text": "creat issu github repository " + "filler " * 40}}
+for n in range({packages}):
+    os.makedirs(f"mcptools/aaa{{n}}", exist_ok=True)
+    tools = [dict(entry, tool=f"junk{{n}}_{{i}}") for i in range({per_package})]
+    with open(f"mcptools/aaa{{n}}/_search.json", "w") as f:
+        json.dump({{"version": 1, "tools": tools}}, f)
+print(sum(os.path.getsize(f"mcptools/aaa{{n}}/_search.json") for n in range({packages})))
+"""
+
+
+async def test_planted_catalogues_cannot_make_generation_read_without_bound_or_crowd_out_the_new_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A small budget stands for the real one, so the test plants little.
+    budget = 256 * 1024
+    monkeypatch.setattr(_search_index, "_MAX_CATALOGUES_BYTES", budget, raising=False)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    async with CodeExecutor(working_dir=workspace) as executor:
+        planted = await executor.execute(_PLANT.format(packages=20, per_package=300))
+    assert planted.text is not None and int(planted.text) > 8 * budget
+    await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES]), workspace / "mcptools")
+    index = json.loads((workspace / "mcptools" / INDEX_FILE).read_text())
+    junk = [tool for tool in index["tools"] if tool["server"] == "junk"]
+    # What was read of the planted catalogues fits the budget (each entry is well over 300 bytes).
+    assert len(junk) * 300 <= budget
+    # The server just generated is always in the index.
+    assert "work.create_issue" in [
+        f"{m.server}.{m.tool}" for m in search_tools("create issue", 50, root=workspace / "mcptools")
+    ]
+
+
+async def test_a_deeply_nested_planted_catalogue_does_not_stop_generation(tmp_path: Path) -> None:
+    """A catalogue of nested brackets makes JSON parsing raise RecursionError, which is not a
+    ValueError: unhandled, every later generation in the folder failed."""
+    root = tmp_path / "mcptools"
+    (root / "nested").mkdir(parents=True)
+    (root / "nested" / "_search.json").write_text("[" * 200_000)
+    await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES]), root)
+    assert [f"{m.server}.{m.tool}" for m in search_tools("create issue", root=root)] == ["work.create_issue"]
