@@ -14,6 +14,7 @@ import pytest
 
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox.app import _search_index
+from ipybox.app._oauth import _LoopbackCallback
 from ipybox.kernel._search import INDEX_FILE
 from ipybox.tool_exec.search import search_tools
 from tests.mcp_apigen.apigen_support import TOOLS_SERVER
@@ -78,3 +79,48 @@ async def test_a_deeply_nested_planted_catalogue_does_not_stop_generation(tmp_pa
     (root / "nested" / "_search.json").write_text("[" * 200_000)
     await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES]), root)
     assert [f"{m.server}.{m.tool}" for m in search_tools("create issue", root=root)] == ["work.create_issue"]
+
+
+async def _send(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    answer = await reader.read()
+    writer.close()
+    return answer
+
+
+async def test_a_hostile_page_on_the_loopback_cannot_inject_a_code_fail_or_stall_the_oauth_callback() -> None:
+    """A web page (or unsandboxed local code) that finds the callback port sends a code of its own
+    (login CSRF), an error to end the login, requests elsewhere, an oversized head, and holds
+    connections open without sending: none completes or ends the login, and the real redirect
+    still gets through."""
+    callback = _LoopbackCallback(0)
+    state = "the-real-state"
+    waiting = asyncio.ensure_future(callback.wait(state))
+    try:
+        await asyncio.sleep(0)  # the wait listens before its first suspension
+        port = callback.port
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(20)]
+        hostile = [
+            b"GET /callback?code=attacker&state=guess HTTP/1.1\r\n\r\n",
+            b"GET /callback?code=attacker HTTP/1.1\r\n\r\n",
+            b"GET /callback?error=access_denied&state=guess HTTP/1.1\r\n\r\n",
+            b"GET /elsewhere?code=attacker&state=the-real-state HTTP/1.1\r\n\r\n",
+            b"POST /callback?code=attacker&state=the-real-state HTTP/1.1\r\n\r\n",
+            b"GET /callback?state=guess&state=the-real-state&code=x HTTP/1.1\r\n\r\n",
+            b"GET /callback?code=" + b"a" * 40_000 + b"&state=the-real-state HTTP/1.1\r\n\r\n",
+        ]
+        for request in hostile:
+            answer = await _send(port, request)
+            assert answer.startswith(b"HTTP/1.1 400"), (request[:80], answer)
+            assert not waiting.done()
+        answer = await _send(port, b"GET /callback?code=real&state=the-real-state HTTP/1.1\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 200")
+        result = await waiting
+        assert (result.code, result.state) == ("real", state)
+        for _, writer in idle:
+            writer.close()
+    finally:
+        waiting.cancel()
+        callback.close()

@@ -177,7 +177,9 @@ def _read_catalogue(
 ) -> tuple[list[Mapping[str, str]], int]:
     """The entries of one catalogue and the bytes read; none for a file that does not pass."""
     if max_bytes <= 0:
-        logger.warning("The tool search leaves out %s: the catalogues read before it fill the budget.", relative)
+        logger.warning(
+            "The tool search leaves out %s: the catalogues read before it fill the budget.", relative
+        )
         return [], 0
     raw = b""
     try:
