@@ -15,7 +15,9 @@ import pytest
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox.app import _search_index
 from ipybox.app._oauth import _LoopbackCallback
+from ipybox.errors import ToolSearchError
 from ipybox.kernel._search import INDEX_FILE
+from ipybox.mcp_server import _search
 from ipybox.tool_exec.search import search_tools
 from tests.mcp_apigen.apigen_support import TOOLS_SERVER
 
@@ -124,3 +126,23 @@ async def test_a_hostile_page_on_the_loopback_cannot_inject_a_code_fail_or_stall
     finally:
         waiting.cancel()
         callback.close()
+
+
+async def test_kernel_code_cannot_make_the_mcp_servers_search_parse_a_huge_or_deep_index(
+    tmp_path: Path,
+) -> None:
+    """The MCP server's search_tools parses the kernel-writable index in its own process: a 20 MiB
+    index of empty objects took ~0.5 GB there (63 MiB, the old cap: 1.6 GB), whatever memory limit
+    the kernel runs under; one of nested brackets raised RecursionError instead of a clear error."""
+    workspace = tmp_path / "workspace"
+    await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES]), workspace / "mcptools")
+    async with CodeExecutor(working_dir=workspace) as executor:
+        await executor.execute(
+            "with open('mcptools/_search_index.json', 'wb') as f:\n"
+            "    f.write(b'{\"version\":1,\"tools\":[' + b'{},' * (7 * 1024 * 1024) + b'{}],\"postings\":{}}')\n"
+        )
+        with pytest.raises(ToolSearchError, match=r"larger than .* MiB.*register an MCP server again"):
+            _search.search(workspace, "mcptools", "create issue", 5)
+        await executor.execute("open('mcptools/_search_index.json', 'w').write('[' * 200_000)")
+        with pytest.raises(ToolSearchError, match="damaged: register an MCP server again"):
+            _search.search(workspace, "mcptools", "create issue", 5)
