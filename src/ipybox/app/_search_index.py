@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 CATALOGUE_FILE = "_search.json"
 _MAX_CATALOGUE_BYTES = 32 * 1024 * 1024
-# All catalogues of a root folder together (a real one holds about 1 KiB per tool).
-_MAX_CATALOGUES_BYTES = 64 * 1024 * 1024
+# All catalogues of a root folder together (about 1 KiB per tool: over 10,000 tools), as much as the
+# MCP server's search reads of the index built from them.
+_MAX_CATALOGUES_BYTES = 16 * 1024 * 1024
 _DESCRIPTION_CHARS = 240
 _SIGNATURE_FIELDS = 12
 
