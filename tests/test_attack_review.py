@@ -19,7 +19,10 @@ from ipybox.errors import ToolSearchError
 from ipybox.kernel._search import INDEX_FILE
 from ipybox.mcp_server import _search
 from ipybox.tool_exec.search import search_tools
+from tests.conftest import DEMO_SERVER
 from tests.mcp_apigen.apigen_support import TOOLS_SERVER
+from tests.mcp_server.support import connected, run, stdio_params, text_of
+from tests.mcp_server.test_approve_tool_calls import Person
 
 ISSUES = {
     "name": "create_issue",
@@ -146,3 +149,35 @@ async def test_kernel_code_cannot_make_the_mcp_servers_search_parse_a_huge_or_de
         await executor.execute("open('mcptools/_search_index.json', 'w').write('[' * 200_000)")
         with pytest.raises(ToolSearchError, match="damaged: register an MCP server again"):
             _search.search(workspace, "mcptools", "create issue", 5)
+
+
+async def test_padding_cannot_push_the_dangerous_part_of_an_asked_call_out_of_sight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attack on ``--approve-tool-calls``: the cell pads an argument with thousands of spaces (or of
+    blank-looking printable characters, U+2800), so that a dialog showing the start of the question
+    shows a harmless call and the rest (``; rm -rf ~``) lies far beyond it. The person must see the
+    whole call within the first lines: runs of one character are shown counted."""
+    monkeypatch.setenv("IPYBOX_STATE_DIR", str(tmp_path / "state"))
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    person = Person()
+    person.answer = "decline"
+    params = stdio_params(workspace, "--approve-tool-calls", "--approval-timeout", "120")
+    async with connected(params, elicitation_callback=person, mode="legacy") as client:
+        registered = await client.call_tool(
+            "register_mcp_server",
+            {"server_name": "demo", "server_params": {"command": sys.executable, "args": [str(DEMO_SERVER)]}},
+        )
+        assert not registered.is_error, text_of(registered)
+        for pad in (" ", "\u2800", "\t"):
+            person.asked = []
+            code = (
+                "from mcptools.demo.echo import Params, run\n"
+                f"run(Params(text='hello' + {pad!r} * 5000 + '; rm -rf ~'))"
+            )
+            result = await run(client, code)
+            assert "rejected" in text_of(result), text_of(result)
+            [message] = person.asked
+            assert "; rm -rf ~" in message[:200], message[:300]
+            assert "5000" in message[:200]
