@@ -181,3 +181,42 @@ async def test_padding_cannot_push_the_dangerous_part_of_an_asked_call_out_of_si
             [message] = person.asked
             assert "; rm -rf ~" in message[:200], message[:300]
             assert "5000" in message[:200]
+
+
+async def test_kernel_code_cannot_put_megabytes_into_the_applications_trace_spans(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With tracing on, the server and tool names of a ``/run`` request (straight from the kernel,
+    before they are checked against the registry) and the message of a cell's error became span
+    attributes at full length: each call could park megabytes in the application's span queue
+    and send them to the collector. They are capped."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    monkeypatch.setenv("IPYBOX_STATE_DIR", str(tmp_path / "state"))
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    try:
+        async with CodeExecutor(tracing=provider, working_dir=tmp_path) as executor:
+            result = await executor.execute(
+                "from ipybox.tool_exec.client import ToolRunner, ToolRunnerError\n"
+                "try:\n"
+                "    ToolRunner('s' * 2_000_000, {}).run_sync('t' * 2_000_000, {'a': 'b'})\n"
+                "except ToolRunnerError as e:\n"
+                "    print('refused', len(str(e)) < 10_000)\n"
+            )
+            assert result.text is not None and result.text.startswith("refused")
+            with pytest.raises(Exception, match="zzzz"):
+                await executor.execute("raise ValueError('z' * 3_000_000)")
+        biggest = 0
+        for span in exporter.get_finished_spans():
+            values = [*(span.attributes or {}).values()]
+            for event in span.events:
+                values.extend((event.attributes or {}).values())
+            values.append(span.status.description or "")
+            biggest = max([biggest, *(len(v) for v in values if isinstance(v, str))])
+        assert biggest <= 10_000
+    finally:
+        provider.shutdown()
