@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox.app import _search_index
 from ipybox.app._oauth import _LoopbackCallback
+from ipybox.app._remote_channel import RemoteKernel
 from ipybox.errors import ToolSearchError
 from ipybox.kernel._search import INDEX_FILE
 from ipybox.mcp_server import _search
@@ -23,6 +25,8 @@ from tests.conftest import DEMO_SERVER
 from tests.mcp_apigen.apigen_support import TOOLS_SERVER
 from tests.mcp_server.support import connected, run, stdio_params, text_of
 from tests.mcp_server.test_approve_tool_calls import Person
+from tests.remote_support import NetnsGateway, gateway_in_netns, kernel_gateway_argv, netns_unavailable
+from tests.test_remote_channel import Recorder, cell
 
 ISSUES = {
     "name": "create_issue",
@@ -220,3 +224,34 @@ async def test_kernel_code_cannot_put_megabytes_into_the_applications_trace_span
         assert biggest <= 10_000
     finally:
         provider.shutdown()
+
+
+@pytest.fixture
+def gateway() -> Iterator[NetnsGateway]:
+    reason = netns_unavailable()
+    if reason is not None:
+        pytest.skip(f"no gateway can run in a network namespace here: {reason}")
+    with gateway_in_netns(kernel_gateway_argv(sys.executable)) as running:
+        yield running
+
+
+@pytest.mark.slow  # a gateway in a network namespace
+async def test_malformed_messages_from_a_remote_kernel_do_not_stop_its_channel(gateway: NetnsGateway) -> None:
+    """Code in a remote kernel sends messages of the wrong shape through the gateway (a parent header
+    that is a list or a string, a message id that is a list): one frame
+    the application's receiver could not take ended it, and every later cell and tool call of
+    that kernel waited until its timeout."""
+    async with RemoteKernel(gateway.url, Recorder(), token=gateway.token) as remote:
+        await remote.execute(
+            cell("""
+            kernel = get_ipython().kernel
+            for parent in ([1], {"msg_id": [2]}, "x"):
+                msg = kernel.session.msg("stream", {"name": "stdout", "text": "x"}, parent=kernel.get_parent())
+                msg["parent_header"] = parent
+                kernel.session.send(kernel.iopub_socket, msg)
+            print("sent")
+            """),
+            timeout=60,
+        )
+        output = await remote.execute(cell('print(json.dumps(rc.call("calc", "add", {"a": 1})))'), timeout=60)
+        assert json.loads(output) == {"echo": {"a": 1}}
