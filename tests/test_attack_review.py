@@ -18,6 +18,7 @@ from ipybox.app import _search_index
 from ipybox.app._oauth import _LoopbackCallback
 from ipybox.app._remote_channel import RemoteKernel
 from ipybox.errors import ToolSearchError
+from ipybox.kernel._remote_channel import PROMPT_PREFIX
 from ipybox.kernel._search import INDEX_FILE
 from ipybox.mcp_server import _search
 from ipybox.tool_exec.search import search_tools
@@ -255,3 +256,56 @@ async def test_malformed_messages_from_a_remote_kernel_do_not_stop_its_channel(g
         )
         output = await remote.execute(cell('print(json.dumps(rc.call("calc", "add", {"a": 1})))'), timeout=60)
         assert json.loads(output) == {"echo": {"a": 1}}
+
+
+class _Held(Recorder):
+    """A handler whose first call waits (the application asking for approval) until released."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    async def __call__(self, call: Any) -> Any:
+        self.waiting.set()
+        await self.release.wait()
+        return await super().__call__(call)
+
+
+@pytest.mark.slow  # a gateway in a network namespace
+async def test_a_remote_kernel_flooding_stdin_requests_cannot_pile_them_up_in_the_application(
+    gateway: NetnsGateway,
+) -> None:
+    """While one call waits for approval, code in the kernel sends hundreds of large stdin requests
+    without waiting for replies (ipykernel's own input() never does that): each became a task
+    holding its message in the application, without bound. At most a few wait; the rest are
+    dropped."""
+    handler = _Held()
+    async with RemoteKernel(gateway.url, handler, token=gateway.token) as remote:
+        flood = asyncio.ensure_future(
+            remote.execute(
+                cell(f"""
+                import threading
+                kernel = get_ipython().kernel
+                ident, parent = kernel._parent_ident["shell"], kernel.get_parent()
+                def first():
+                    rc.call("calc", "add", {{"a": 1}})
+                threading.Thread(target=first, daemon=True).start()
+                big = {PROMPT_PREFIX!r} + json.dumps({{"id": 1, "server_name": "c", "tool_name": "t",
+                                                      "tool_args": {{"pad": "x" * 500_000}}}})
+                for _ in range(300):
+                    kernel.session.send(kernel.stdin_socket, "input_request", {{"prompt": big, "password": False}},
+                                        parent=parent, ident=ident)
+                print("flooded")
+                """),
+                timeout=120,
+            )
+        )
+        await handler.waiting.wait()
+        assert (await flood) == "flooded\n"
+        piled = len(remote._answers)
+        handler.release.set()
+        assert piled <= 8, piled
+        # The replies the kernel asked for sit on its own stdin socket (its next call would read one
+        # and refuse it as not its own); the application goes on serving the kernel.
+        assert await remote.execute("print('alive')", timeout=60) == "alive\n"
