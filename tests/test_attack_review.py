@@ -149,6 +149,8 @@ async def test_kernel_code_cannot_make_the_mcp_servers_search_parse_a_huge_or_de
             "with open('mcptools/_search_index.json', 'wb') as f:\n"
             "    f.write(b'{\"version\":1,\"tools\":[' + b'{},' * (7 * 1024 * 1024) + b'{}],\"postings\":{}}')\n"
         )
+        size = (workspace / "mcptools" / INDEX_FILE).stat().st_size
+        assert size > _search._MAX_INDEX_BYTES, (size, _search._MAX_INDEX_BYTES)
         with pytest.raises(ToolSearchError, match=r"larger than .* MiB.*register an MCP server again"):
             _search.search(workspace, "mcptools", "create issue", 5)
         await executor.execute("open('mcptools/_search_index.json', 'w').write('[' * 200_000)")
