@@ -103,8 +103,9 @@ async def _send(port: int, request: bytes) -> bytes:
 async def test_a_hostile_page_on_the_loopback_cannot_inject_a_code_fail_or_stall_the_oauth_callback() -> None:
     """A web page (or unsandboxed local code) that finds the callback port sends a code of its own
     (login CSRF), an error to end the login, requests elsewhere, an oversized head, and holds
-    connections open without sending: none completes or ends the login, and the real redirect
-    still gets through."""
+    connections open without sending: none completes or ends the login, the real redirect still
+    gets through, and the idle connections are closed when the login ends (they were left open,
+    a socket each, for as long as the application ran)."""
     callback = _LoopbackCallback(0)
     state = "the-real-state"
     waiting = asyncio.ensure_future(callback.wait(state))
@@ -129,8 +130,11 @@ async def test_a_hostile_page_on_the_loopback_cannot_inject_a_code_fail_or_stall
         assert answer.startswith(b"HTTP/1.1 200")
         result = await waiting
         assert (result.code, result.state) == ("real", state)
-        for _, writer in idle:
+        # The connections that sent nothing are closed when the login ends, not left open.
+        for reader, writer in idle:
+            assert await asyncio.wait_for(reader.read(), 30) == b""
             writer.close()
+            await writer.wait_closed()
     finally:
         waiting.cancel()
         callback.close()
