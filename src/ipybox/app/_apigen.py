@@ -133,7 +133,7 @@ def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> l
         root_dir.parent.mkdir(parents=True, exist_ok=True)
         with _confined.Confined(root_dir.parent, label=repr(str(root_dir.parent))) as base:
             base.replace_folder((*root, server_name), fill)
-            _search_index.update_index(base, root)
+            _search_index.update_index(base, root, first=server_name)
     except (OSError, _confined.ConfinedPathError) as exc:
         raise ApiGenerationError(
             f"Could not write the package for MCP server {server_name!r} to {target}: {exc}"

@@ -105,7 +105,12 @@ class _LoopbackCallback:
         self._sock.setblocking(False)
         result: asyncio.Future[AuthorizationCodeResult] = asyncio.get_running_loop().create_future()
 
+        # Connections still open when the wait ends (a page that connected and sent nothing) are
+        # closed with it, not left holding a socket each.
+        writers: set[asyncio.StreamWriter] = set()
+
         async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writers.add(writer)
             try:
                 line = await reader.readuntil(b"\r\n\r\n")
                 status, text = self._handle(line[:_MAX_CALLBACK_REQUEST], state, result)
@@ -122,8 +127,13 @@ class _LoopbackCallback:
             writer.close()
 
         server = await asyncio.start_server(answer, sock=self._sock, limit=_MAX_CALLBACK_REQUEST)
-        async with server:
+        try:
             return await result
+        finally:
+            server.close()
+            for writer in writers:
+                writer.close()
+            await server.wait_closed()
 
     @staticmethod
     def _handle(head: bytes, state: str, result: asyncio.Future[AuthorizationCodeResult]) -> tuple[int, str]:

@@ -35,6 +35,8 @@ __all__ = ["RemoteKernel", "RemoteToolCall", "RemoteToolHandler"]
 
 _MAX_FRAME = 16 * 1024 * 1024
 _PROTOCOL_VERSION = "5.3"
+# Stdin requests of one kernel waiting for an answer at once (ipykernel itself has one at a time).
+_MAX_WAITING = 4
 
 
 @dataclass(frozen=True)
@@ -193,11 +195,11 @@ class RemoteKernel:
         while not (idle and replied):
             msg = await queue.get()
             kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
+            if kind == "stream" and isinstance(content.get("text"), str):
                 text.append(content["text"])
             elif kind == "error":
                 error = content
-            elif kind == "status" and content["execution_state"] == "idle":
+            elif kind == "status" and content.get("execution_state") == "idle":
                 idle = True
             elif kind == "execute_reply":
                 replied = True
@@ -212,20 +214,33 @@ class RemoteKernel:
 
     async def _receive(self, ws: ClientConnection) -> None:
         async for frame in ws:
-            await self._dispatch(ws, json.loads(frame))
+            # The gateway relays what the kernel wrote: a message of another shape is dropped, never
+            # allowed to end the receiver (every later cell of this kernel would wait for nothing).
+            try:
+                msg = json.loads(frame)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(msg, dict) and isinstance(msg.get("content"), dict):
+                await self._dispatch(ws, msg)
 
     async def _dispatch(self, ws: ClientConnection, msg: dict[str, Any]) -> None:
         if msg.get("channel") == "stdin" and msg.get("msg_type") == "input_request":
+            if len(self._answers) >= _MAX_WAITING:
+                # ipykernel sends one request and waits for its reply; more are code in the kernel
+                # sending its own, each holding up to a frame here: dropped, unanswered.
+                return
             task = asyncio.create_task(self._answer(ws, msg))
             self._answers.add(task)
             task.add_done_callback(self._answers.discard)
             return
-        queue = self._pending.get(msg.get("parent_header", {}).get("msg_id", ""))
+        parent = msg.get("parent_header")
+        msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        queue = self._pending.get(msg_id) if isinstance(msg_id, str) else None
         if queue is not None:
             queue.put_nowait(msg)
 
     async def _answer(self, ws: ClientConnection, request: dict[str, Any]) -> None:
-        prompt = request.get("content", {}).get("prompt", "")
+        prompt = request["content"].get("prompt", "")
         async with self._answering:
             # A plain input() gets an empty line: nobody sits at a remote kernel's stdin.
             is_call = isinstance(prompt, str) and prompt.startswith(PROMPT_PREFIX)

@@ -9,8 +9,10 @@ query side (`ipybox.kernel._search`) reads. Scores depend on the whole corpus (a
 all tools weighs little), so the index is rebuilt across all servers, never per server.
 
 The other packages' ``_search.json`` files are kernel-writable data: they are read through the
-confined file module, capped in size, checked for shape, and only ever written back into the
-index the kernel reads; nothing trusted acts on them. A file that does not pass is skipped.
+confined file module, capped in size (each, and all together: kernel code that plants many
+packages cannot make a generation read without bound), checked for shape, and only ever written
+back into the index the kernel reads; nothing trusted acts on them. A file that does not pass is
+skipped. The package just generated is read first, so planted ones never crowd it out.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ if TYPE_CHECKING:
 
 CATALOGUE_FILE = "_search.json"
 _MAX_CATALOGUE_BYTES = 32 * 1024 * 1024
+# All catalogues of a root folder together (about 1 KiB per tool: over 10,000 tools), as much as the
+# MCP server's search reads of the index built from them.
+_MAX_CATALOGUES_BYTES = 16 * 1024 * 1024
 _DESCRIPTION_CHARS = 240
 _SIGNATURE_FIELDS = 12
 
@@ -130,8 +135,11 @@ def build_index(entries: Sequence[Mapping[str, str]]) -> dict[str, Any]:
     return {"version": INDEX_VERSION, "tools": tools, "postings": postings}
 
 
-def update_index(base: _confined.Confined, root: Iterable[str]) -> None:
+def update_index(base: _confined.Confined, root: Iterable[str], first: str | None = None) -> None:
     """Build the index of the root folder `root` (inside `base`) from its packages' catalogues.
+
+    The package `first` (the one just generated) is read first; the others follow while the
+    catalogues read stay within `_MAX_CATALOGUES_BYTES` together.
 
     Kernel code that keeps the index's name taken (a link put back between its removal and the
     write) only gets a logged warning: the generated package stays as written.
@@ -142,10 +150,17 @@ def update_index(base: _confined.Confined, root: Iterable[str]) -> None:
     """
     root = tuple(root)
     entries: list[Mapping[str, str]] = []
-    for name in base.listdir(root):
-        if not _codegen.is_identifier(name):
-            continue
-        entries.extend(_read_catalogue(base, "/".join((*root, name, CATALOGUE_FILE))))
+    names = [name for name in base.listdir(root) if _codegen.is_identifier(name)]
+    if first in names:
+        names.remove(first)
+        names.insert(0, first)
+    budget = _MAX_CATALOGUES_BYTES
+    for name in names:
+        found, size = _read_catalogue(
+            base, "/".join((*root, name, CATALOGUE_FILE)), min(_MAX_CATALOGUE_BYTES, budget)
+        )
+        entries.extend(found)
+        budget -= size
     data = json.dumps(build_index(entries), ensure_ascii=False, separators=(",", ":"))
     try:
         # Whatever kernel code left under the index's name (a link, a folder) goes, unfollowed.
@@ -158,9 +173,19 @@ def update_index(base: _confined.Confined, root: Iterable[str]) -> None:
 _FIELDS = ("server", "tool", "module", "import_line", "signature", "description", "text")
 
 
-def _read_catalogue(base: _confined.Confined, relative: str) -> list[Mapping[str, str]]:
+def _read_catalogue(
+    base: _confined.Confined, relative: str, max_bytes: int
+) -> tuple[list[Mapping[str, str]], int]:
+    """The entries of one catalogue and the bytes read; none for a file that does not pass."""
+    if max_bytes <= 0:
+        logger.warning(
+            "The tool search leaves out %s: the catalogues read before it fill the budget.", relative
+        )
+        return [], 0
+    raw = b""
     try:
-        data = json.loads(base.read_bytes(relative, _MAX_CATALOGUE_BYTES))
+        raw = base.read_bytes(relative, max_bytes)
+        data = json.loads(raw)
         if data.get("version") != INDEX_VERSION:
             raise ValueError("an unknown version")
         entries = data["tools"]
@@ -172,8 +197,8 @@ def _read_catalogue(base: _confined.Confined, relative: str) -> list[Mapping[str
     except _confined.ConfinedPathError as exc:
         if not str(exc).startswith("There is no "):  # a package without a catalogue is not news
             logger.warning("The tool search leaves out %s: %s", relative, exc)
-        return []
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return [], 0
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         logger.warning("The tool search leaves out %s: it holds %s.", relative, str(exc)[:200])
-        return []
-    return [{key: entry[key] for key in _FIELDS} for entry in entries]
+        return [], len(raw)
+    return [{key: entry[key] for key in _FIELDS} for entry in entries], len(raw)

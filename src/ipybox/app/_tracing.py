@@ -12,6 +12,7 @@ executor's (or session's) trace.
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -31,6 +32,10 @@ TOOL_CALL = "ipybox.tool_call"
 APPROVAL = "ipybox.approval"
 SERVER_START = "ipybox.mcp_server.start"
 _CODE_CHARS = 2000
+# Server and tool names come from the kernel's request before they are checked, and an error's
+# message from the cell: a span keeps this much of each, whatever the kernel sends.
+_NAME_CHARS = 200
+_ERROR_CHARS = 2000
 
 
 class Tracing:
@@ -61,8 +66,18 @@ class Tracing:
             self.cell = None
         # GeneratorExit: the caller stopped reading after the result (execute() does).
         if error is not None and not isinstance(error, GeneratorExit):
-            span.record_exception(error)
-            span.set_status(trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"[:500])
+            # The message may be the cell's whole traceback: kept in part, and out of the stack trace
+            # (the application's frames only).
+            text = str(error)
+            frames = "".join(traceback.format_tb(error.__traceback__))[-4 * _ERROR_CHARS :]
+            span.record_exception(
+                error,
+                attributes={
+                    "exception.message": text[:_ERROR_CHARS],
+                    "exception.stacktrace": f"{frames}{type(error).__qualname__}",
+                },
+            )
+            span.set_status(trace.StatusCode.ERROR, f"{type(error).__name__}: {text[:500]}")
         span.end()
 
     async def tool_call(
@@ -70,7 +85,7 @@ class Tracing:
     ) -> tuple[int, bytes]:
         """Run a tool call (its status and answer) in a span under the running cell's."""
         parent = trace.set_span_in_context(self.cell) if self.cell is not None else otel_context.Context()
-        attributes = {"ipybox.server": server_name, "ipybox.tool": tool_name}
+        attributes = _names(server_name, tool_name)
         with self._tracer.start_as_current_span(TOOL_CALL, context=parent, attributes=attributes) as span:
             status, answer = await call
             span.set_attribute("ipybox.status", status)
@@ -83,14 +98,14 @@ class Tracing:
     ) -> tuple[bool, bool, bool]:
         """Wait for an approval decision (``(accepted, remember, abandoned)``) in a span of its own
         (under the tool call's, or the cell's for a shell command)."""
-        with self._span(APPROVAL, {"ipybox.server": server_name, "ipybox.tool": tool_name}) as span:
+        with self._span(APPROVAL, _names(server_name, tool_name)) as span:
             outcome = await decision
             span.set_attribute("ipybox.accepted", outcome[0])
             return outcome
 
     async def server_start(self, server_name: str, start: Awaitable[T]) -> T:
         """Start an MCP server in a span (under the tool call that needed it)."""
-        with self._span(SERVER_START, {"ipybox.server": server_name}):
+        with self._span(SERVER_START, {"ipybox.server": server_name[:_NAME_CHARS]}):
             return await start
 
     @contextmanager
@@ -101,6 +116,10 @@ class Tracing:
             parent = trace.set_span_in_context(self.cell) if self.cell is not None else otel_context.Context()
         with self._tracer.start_as_current_span(name, context=parent, attributes=attributes) as span:
             yield span
+
+
+def _names(server_name: str, tool_name: str) -> dict[str, str]:
+    return {"ipybox.server": server_name[:_NAME_CHARS], "ipybox.tool": tool_name[:_NAME_CHARS]}
 
 
 def configure_otlp(service_name: str = "ipybox") -> TracerProvider:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import secrets
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -55,11 +56,24 @@ NOT_WAITING = (
 )
 
 
+# A piece repeated (spaces, escaped tabs, blank-looking U+2800) long enough to push the rest of a
+# call beyond what a dialog shows of its start.
+_RUN = re.compile(r"(.{1,8}?)\1{15,}", re.DOTALL)
+
+
+def _counted(run: re.Match[str]) -> str:
+    unit = run.group(1).encode("ascii", "backslashreplace").decode()
+    return f"[{len(run.group(0)) // len(run.group(1))} times '{unit}']"
+
+
 def message(request: ApprovalRequest) -> str:
-    """What the person reads: the call, every name and value escaped (what is shown is what runs)."""
+    """What the person reads: the call, every name and value escaped (what is shown is what runs),
+    and a piece repeated 16 times or more shown counted (``[5000 times ' ']``), so that padding cannot
+    push the rest of the call out of sight."""
+    call = _RUN.sub(_counted, str(request))
     if request.server_name == "ipybox" and request.tool_name in ("shell", "shell_magic"):
-        return f"Allow the shell command a cell wants to run? {request}"
-    return f"Allow the tool call a cell wants to make? {request}"
+        return f"Allow the shell command a cell wants to run? {call}"
+    return f"Allow the tool call a cell wants to make? {call}"
 
 
 def can_ask(ctx: ServerRequestContext[Any]) -> bool:

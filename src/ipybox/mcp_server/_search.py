@@ -13,11 +13,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ipybox.app._confined import Confined, ConfinedPathError
+from ipybox.app._confined import Confined, ConfinedPathError, TooLargeError
 from ipybox.errors import ToolSearchError
 from ipybox.kernel._search import INDEX_FILE, ToolMatch, check_query, rank
 
-_MAX_INDEX_BYTES = 64 * 1024 * 1024
+# Parsing JSON takes up to ~25 times its size in memory (a list of empty objects): kernel code that
+# writes an index must not make this process take more than a few hundred MB. An index of 300 real
+# tools takes ~260 KiB, so 16 MiB holds well over 10,000.
+_MAX_INDEX_BYTES = 16 * 1024 * 1024
 # The last index parsed, by its content's digest: reading and hashing it costs well under a
 # millisecond, parsing it ~10 ms for 300 tools.
 _parsed: dict[bytes, dict[str, Any]] = {}
@@ -35,6 +38,12 @@ def search(workspace: Path, root: str, query: str, limit: int) -> list[ToolMatch
         with Confined(workspace) as folder:
             data = folder.read_bytes(f"{root}/{INDEX_FILE}", _MAX_INDEX_BYTES)
             present = set(folder.listdir(root))
+    except TooLargeError:
+        raise ToolSearchError(
+            f"The tool search index in {root}/ is larger than {_MAX_INDEX_BYTES // (1024 * 1024)} MiB, more than "
+            "ipybox writes for any real set of servers, so it is not read: register an MCP server again to "
+            "rebuild it."
+        ) from None
     except ConfinedPathError as exc:
         if str(exc).startswith("There is no "):  # no such file or folder: nothing registered yet
             raise ToolSearchError(
@@ -49,7 +58,7 @@ def search(workspace: Path, root: str, query: str, limit: int) -> list[ToolMatch
     if index is None:
         try:
             index = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
             index = None
         if isinstance(index, dict):
             _parsed.clear()
