@@ -37,7 +37,15 @@ from ipybox.app._mcp_stdio import (
     resolve_command,
     server_environment,
 )
-from ipybox.app._mcp_transport import _bounded_client, _EnteredTransport, _EofWatchingStream, _streamable_http
+from ipybox.app._mcp_transport import (
+    _AnswerTooLarge,
+    _bounded_client,
+    _EnteredTransport,
+    _EofWatchingStream,
+    _Refusals,
+    _Refused,
+    _streamable_http,
+)
 from ipybox.app._oauth import OAuthConnection, oauth_connection
 from ipybox.app._params import HttpParams, StdioParams, resolve_params
 from ipybox.errors import MCPServerError
@@ -94,6 +102,8 @@ class MCPSession:
         self._connect_scope = anyio.CancelScope()
         self._stderr: _ServerStderr | None = None
         self._oauth: OAuthConnection | None = None
+        # The answers the transport refused for their size (see _translate).
+        self._refusals = _Refusals()
 
     @property
     def alive(self) -> bool:
@@ -226,15 +236,14 @@ class MCPSession:
         if self._oauth is not None and (refused := self._oauth.explain(exc)) is not None:
             self._mark_broken()
             return refused
-        # Read from the text, the one exception to that rule: the MCP SDK turns the transport's
-        # refusal of an answer over the size limit (ours, _AnswerTooLarge and _bounded_stdio's,
-        # or httpx2's SSEError) into an MCPError carrying only its text, with the code of a closed
-        # connection for an event stream. "byte limit" is in each of those texts.
-        if isinstance(exc, MCPError) and "byte limit" in exc.message:
+        # The MCP SDK turns the transport's refusal of an answer over the size limit
+        # (_BoundedStream's or _bounded_stdio's) into an MCPError carrying only text; the
+        # transport recorded the refusal, and the error that fails the request carries a _Refused.
+        if isinstance(exc, MCPError) and isinstance(exc.data, _Refused):
             # One answer was over the limit; the session is fine.
             return MCPServerError(
                 f"MCP server {self.server_name!r} answered {_what(tool_name)} with a message too large to "
-                f"receive: {exc.message}{_size_hint(exc)}.",
+                f"receive: {exc.message}{_SIZE_HINT}.",
                 self.server_name,
                 tool_name or None,
             )
@@ -364,7 +373,7 @@ class MCPSession:
                     pgid = self._stderr.process.pid  # the SDK starts it in a session of its own
                 elif isinstance(self.params, StdioParams):
                     pgid = _find_process_group(self._marker)
-                streams = _EofWatchingStream(read_stream, self._mark_broken), write_stream
+                streams = _EofWatchingStream(read_stream, self._mark_broken, self._refusals), write_stream
                 client = await stack.enter_async_context(Client(_EnteredTransport(streams), mode=mode))
                 # Up and running: the connect deadline no longer applies.
                 self._connect_scope.deadline = math.inf
@@ -382,6 +391,7 @@ class MCPSession:
 
     def _transport(self, cwd: str | None) -> contextlib.AbstractAsyncContextManager[Any]:
         params = self.params
+        self._refusals = _Refusals()
         if isinstance(params, StdioParams):
             env = {**server_environment(), **(params.env or {}), _SESSION_MARKER_ENV: self._marker}
             command = resolve_command(params.command, env.get("PATH", os.environ.get("PATH", os.defpath)))
@@ -391,14 +401,14 @@ class MCPSession:
             self._stderr = _ServerStderr(params.secrets)
             return _stdio_transport(server, self._stderr, self.max_message_size)
         if params.transport == "sse":
-            limit = self.max_message_size
+            limit, refusals = self.max_message_size, self._refusals
 
             def client_factory(
                 headers: dict[str, str] | None = None,
                 timeout: httpx2.Timeout | None = None,
                 auth: httpx2.Auth | None = None,
             ) -> httpx2.AsyncClient:
-                return _bounded_client(limit, headers, timeout, auth)
+                return _bounded_client(limit, headers, timeout, auth, refusals)
 
             return sse_client(
                 params.url,
@@ -407,7 +417,9 @@ class MCPSession:
                 auth=self._auth(),
                 httpx_client_factory=client_factory,
             )
-        return _streamable_http(params.url, params.headers, self.max_message_size, self._auth())
+        return _streamable_http(
+            params.url, params.headers, self.max_message_size, self._refusals, self._auth()
+        )
 
     def _auth(self) -> httpx2.Auth | None:
         """The OAuth login of an HTTP server whose parameters ask for one (see `ipybox.app._oauth`)."""
@@ -431,11 +443,22 @@ def _text(result: CallToolResult) -> str | None:
     return "\n".join(texts) if texts else None
 
 
+_SIZE_HINT = " (one MCP message may have up to the tool server's max_result_size plus 1 MiB)"
+
+
 def _size_hint(exc: BaseException) -> str:
-    # Only the wording depends on the text (see MCPSession._translate for why it is read).
-    if "byte limit" not in _describe(exc):
-        return ""
-    return " (one MCP message may have up to the tool server's max_result_size plus 1 MiB)"
+    """`_SIZE_HINT` if the connection ended because an event was refused for its size, else nothing.
+
+    Refused by `_BoundedStream` (an `_AnswerTooLarge` with ``refused``), or by httpx2 inside the
+    SDK's SSE transport, whose event stream has an event size limit of its own (1 MiB): once
+    the stream is open (its content type checked), that limit is the one ``SSEError`` httpx2
+    raises.
+    """
+    if isinstance(exc, BaseExceptionGroup):
+        return _SIZE_HINT if any(_size_hint(inner) for inner in exc.exceptions) else ""
+    if isinstance(exc, _AnswerTooLarge):
+        return _SIZE_HINT if exc.refused is not None else ""
+    return _SIZE_HINT if isinstance(exc, httpx2.SSEError) else ""
 
 
 def _what(tool_name: str) -> str:

@@ -9,10 +9,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import json
 import logging
 import os
-import re
 import shutil
 import sys
 import threading
@@ -27,6 +25,7 @@ from mcp.client.stdio import StdioServerParameters
 from mcp.os.win32.utilities import ServerProcess
 
 from ipybox._wire import McpServerEnv
+from ipybox.app._mcp_transport import _message_id, _Refused
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.tool_exec._mcp")
@@ -205,10 +204,6 @@ async def _stdio_transport(
         stderr.writer.close()
 
 
-# The id of a JSON-RPC answer that names it before its result or error (as the SDKs write them).
-_ID = re.compile(rb'^\s*\{\s*(?:"jsonrpc"\s*:\s*"2\.0"\s*,\s*)?"id"\s*:\s*(-?\d+|"[^"\\]*")')
-
-
 @contextlib.asynccontextmanager
 async def _bounded_stdio(
     server: StdioServerParameters, max_message_size: int | None, stderr: _ServerStderr
@@ -254,13 +249,13 @@ async def _bounded_stdio(
             "max_result_size plus 1 MiB), so it was not read further"
         )
         logger.warning("An MCP server sent a message of %d bytes; refused: %s", size, error)
-        found = _ID.match(head)
-        if found is None:
+        request_id = _message_id(head)
+        if request_id is None:
             return False
         reply = mcp_types.JSONRPCError(
             jsonrpc="2.0",
-            id=json.loads(found.group(1)),
-            error=mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message=error),
+            id=request_id,
+            error=mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message=error, data=_Refused(size)),
         )
         await read_writer.send(SessionMessage(reply))
         return True
