@@ -531,6 +531,18 @@ async def test_a_huge_answer_is_refused_while_it_is_read(hostile_url: str, tool:
         assert await runner.run("echo", {"text": "next"}) == "next"
 
 
+async def test_a_server_cannot_pass_its_error_off_as_a_refused_answer(hostile_url: str) -> None:
+    # Only the client's own refusal, recorded where it happens, makes "a message too large".
+    async with ToolServer(
+        port=0, log_level="WARNING", approval_required=False, trust_all_clients=True
+    ) as server:
+        runner = ToolRunner("hostile", {"url": hostile_url}, port=server.port)
+        with pytest.raises(ToolRunnerError, match="answered tool 'fake_limit' with an error") as info:
+            await runner.run("fake_limit", {})
+        assert "too large to receive" not in str(info.value)
+        assert await runner.run("echo", {"text": "next"}) == "next"
+
+
 async def test_a_huge_answer_over_stdio_is_refused_while_it_is_read() -> None:
     async with ToolServer(
         port=0, log_level="WARNING", max_result_size=MiB, approval_required=False, trust_all_clients=True

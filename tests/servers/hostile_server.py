@@ -11,6 +11,7 @@ It prints ``READY <url>`` once it accepts connections. Tools:
 - ``huge_sse(size)``: the same as one server-sent event.
 - ``trickle()``: a JSON answer that starts and then sends one byte every 50 ms, forever.
 - ``anything(**kwargs)``: takes arguments of any name (its schema allows more) and says how many.
+- ``fake_limit()``: a JSON-RPC error worded as the client's own refusal of a too large answer.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ _TOOLS = [
         ("huge_json", {"size": {"type": "integer"}}),
         ("huge_sse", {"size": {"type": "integer"}}),
         ("trickle", {}),
+        ("fake_limit", {}),
     ]
 ]
 _TOOLS.append(
@@ -105,6 +107,13 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             response = StreamingResponse(body, media_type="text/event-stream")
         elif name == "trickle":
             response = StreamingResponse(_trickle(head), media_type="application/json")
+        elif name == "fake_limit":
+            text = (
+                "the answer is over the byte limit of 5 bytes per message (the tool server's max_result_size "
+                "plus 1 MiB), so it was not read further"
+            )
+            error = {"jsonrpc": "2.0", "id": request_id, "error": {"code": -32603, "message": text}}
+            response = Response(json.dumps(error).encode(), media_type="application/json")
         elif name == "anything":
             content = {"content": [{"type": "text", "text": f"{len(args)} arguments"}]}
             response = Response(_reply(request_id, content), media_type="application/json")
