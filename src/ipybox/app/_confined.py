@@ -77,8 +77,13 @@ sandbox at the next start, or run code at the next ``git`` command)."""
 class ConfinedPathError(ValueError):
     """A path that leaves the confined folder, passes through a link, or names the wrong kind of file.
 
-    The message is a full sentence that names the path and says what to do.
+    The message is a full sentence that names the path and says what to do. ``missing`` is
+    true when the path (or a folder on it) does not exist, and nothing else was wrong with it.
     """
+
+    def __init__(self, message: str, missing: bool = False) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 def relative_parts(relative: str) -> tuple[str, ...]:
@@ -191,7 +196,9 @@ class Confined:
                     child = os.open(part, _DIR_FLAGS, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
-                        raise ConfinedPathError(f"There is no folder {where!r} in {self._name}.") from None
+                        raise ConfinedPathError(
+                            f"There is no folder {where!r} in {self._name}.", missing=True
+                        ) from None
                     try:
                         os.mkdir(part, 0o777, dir_fd=fd)
                     except FileExistsError:
@@ -232,7 +239,8 @@ class Confined:
             except FileNotFoundError:
                 raise ConfinedPathError(
                     f"There is no file {relative!r} in {self._name}; list files from code, e.g. "
-                    "`import os; os.listdir('.')`."
+                    "`import os; os.listdir('.')`.",
+                    missing=True,
                 ) from None
             except OSError as exc:
                 self._explain(parent, parts[-1], relative, exc)

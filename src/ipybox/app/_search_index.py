@@ -195,7 +195,7 @@ def _read_catalogue(
         ):
             raise ValueError("entries that are not tools")
     except _confined.ConfinedPathError as exc:
-        if not str(exc).startswith("There is no "):  # a package without a catalogue is not news
+        if not exc.missing:  # a package without a catalogue is not news
             logger.warning("The tool search leaves out %s: %s", relative, exc)
         return [], 0
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:

@@ -45,7 +45,7 @@ def search(workspace: Path, root: str, query: str, limit: int) -> list[ToolMatch
             "rebuild it."
         ) from None
     except ConfinedPathError as exc:
-        if str(exc).startswith("There is no "):  # no such file or folder: nothing registered yet
+        if exc.missing:  # no such file or folder: nothing registered yet
             raise ToolSearchError(
                 f"No MCP server is registered in this workspace yet ({root}/ has no search index): register "
                 "one with register_mcp_server, then search its tools."
