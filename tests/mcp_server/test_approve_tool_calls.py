@@ -289,12 +289,17 @@ CALLS = 40
 _FLOOD = (
     "import asyncio\n"
     "from mcptools.demo.add import Params, arun\n"
+    "go = asyncio.Event()\n"
     "async def one(i):\n"
+    "    await go.wait()\n"
     "    try:\n"
     "        return (await arun(Params(a=i, b=1000))).sum\n"
     "    except Exception as exc:\n"
     "        return 'rejected' if 'rejected' in str(exc) else repr(exc)\n"
-    f"print(await asyncio.gather(*(one(i) for i in range({CALLS}))))"
+    f"calls = [asyncio.ensure_future(one(i)) for i in range({CALLS})]\n"
+    "await asyncio.sleep(0)\n"
+    "go.set()  # all at once\n"
+    "print(await asyncio.gather(*calls))"
 )
 _FLOOD_EXPECTED = str([i + 1000 if i != 7 else "rejected" for i in range(CALLS)])
 _DECLINED = "demo.add(a=7, b=1000)"
@@ -315,14 +320,18 @@ class Crowd:
 
     async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         assert isinstance(params, types.ElicitRequestFormParams)
-        async with self.changed:
-            self.asked.append(params.message)
-            self.open += 1
-            self.most_open = max(self.most_open, self.open)
-            self.changed.notify_all()
-            await self.changed.wait_for(lambda: self.open >= min(self.limit, self.total - self.answered))
+        # Counted as it comes, before waiting for the lock (that is taken only to wait and to notify).
+        self.asked.append(params.message)
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            async with self.changed:
+                self.changed.notify_all()
+                await self.changed.wait_for(lambda: self.open >= min(self.limit, self.total - self.answered))
+        finally:
             self.open -= 1
             self.answered += 1
+        async with self.changed:
             self.changed.notify_all()
         return types.ElicitResult(action="decline" if params.message.endswith(_DECLINED) else "accept")
 
