@@ -17,6 +17,7 @@ import mcp_types as types
 import pytest
 import pytest_asyncio
 from mcp.client import Client
+from pydantic import TypeAdapter
 
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
@@ -282,3 +283,112 @@ async def test_sandboxed_the_person_decides_on_shell_commands_that_the_kernel_ca
     assert (workspace / "accepted").exists()
     assert not (workspace / "declined").exists() and not (workspace / "bypassed").exists()
     assert len(person.asked) == 2
+
+
+CALLS = 40
+_FLOOD = (
+    "import asyncio\n"
+    "from mcptools.demo.add import Params, arun\n"
+    "go = asyncio.Event()\n"
+    "async def one(i):\n"
+    "    await go.wait()\n"
+    "    try:\n"
+    "        return (await arun(Params(a=i, b=1000))).sum\n"
+    "    except Exception as exc:\n"
+    "        return 'rejected' if 'rejected' in str(exc) else repr(exc)\n"
+    f"calls = [asyncio.ensure_future(one(i)) for i in range({CALLS})]\n"
+    "await asyncio.sleep(0)\n"
+    "go.set()  # all at once\n"
+    "print(await asyncio.gather(*calls))"
+)
+_FLOOD_EXPECTED = str([i + 1000 if i != 7 else "rejected" for i in range(CALLS)])
+_DECLINED = "demo.add(a=7, b=1000)"
+_ANSWER: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
+    types.CallToolResult | types.InputRequiredResult
+)
+
+
+class Crowd:
+    """Plays the person against a flood of questions: holds each one until as many are open as the
+    server may have open (`MAX_OPEN_QUESTIONS`, or all that are left), then answers; declines one."""
+
+    def __init__(self, limit: int, total: int) -> None:
+        self.limit, self.total = limit, total
+        self.open = self.most_open = self.answered = 0
+        self.asked: list[str] = []
+        self.changed = asyncio.Condition()
+
+    async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert isinstance(params, types.ElicitRequestFormParams)
+        # Counted as it comes, before waiting for the lock (that is taken only to wait and to notify).
+        self.asked.append(params.message)
+        self.open += 1
+        self.most_open = max(self.most_open, self.open)
+        try:
+            async with self.changed:
+                self.changed.notify_all()
+                await self.changed.wait_for(lambda: self.open >= min(self.limit, self.total - self.answered))
+        finally:
+            self.open -= 1
+            self.answered += 1
+        async with self.changed:
+            self.changed.notify_all()
+        return types.ElicitResult(action="decline" if params.message.endswith(_DECLINED) else "accept")
+
+
+async def test_a_flood_of_gathered_calls_is_asked_a_few_questions_at_a_time(workspace: Path) -> None:
+    """Attack: a cell gathers 40 tool calls at once to put 40 questions before the person together;
+    at most `MAX_OPEN_QUESTIONS` are open at the client at any moment, the rest wait their turn,
+    every one is asked, and the declined one refuses only its own call."""
+    from ipybox.mcp_server._elicit import MAX_OPEN_QUESTIONS
+
+    crowd = Crowd(MAX_OPEN_QUESTIONS, CALLS)
+    params = stdio_params(workspace, "--approve-tool-calls", "--approval-timeout", APPROVAL_TIMEOUT)
+    async with connected(params, elicitation_callback=crowd, mode="legacy") as client:
+        registered = await client.call_tool(
+            "register_mcp_server", {"server_name": "demo", "server_params": _DEMO}
+        )
+        assert not registered.is_error, text_of(registered)
+        result = await run(client, _FLOOD)
+    assert text_of(result) == _FLOOD_EXPECTED, text_of(result)
+    assert crowd.most_open <= MAX_OPEN_QUESTIONS, crowd.most_open
+    assert sorted(crowd.asked) == sorted(
+        f"Allow the tool call a cell wants to make? demo.add(a={i}, b=1000)" for i in range(CALLS)
+    )
+
+
+async def test_under_2026_07_28_a_flood_of_gathered_calls_is_asked_a_few_questions_at_a_time(
+    workspace: Path,
+) -> None:
+    from ipybox.mcp_server._elicit import MAX_OPEN_QUESTIONS
+
+    params = stdio_params(workspace, "--approve-tool-calls", "--approval-timeout", APPROVAL_TIMEOUT)
+    asked: list[str] = []
+    async with connected(params, mode="2026-07-28", elicitation_callback=Person()) as client:
+        registered = await client.call_tool(
+            "register_mcp_server", {"server_name": "demo", "server_params": _DEMO}
+        )
+        assert not registered.is_error, text_of(registered)
+        arguments = {"code": _FLOOD}
+        answer: Any = await client.session.call_tool(
+            "execute_ipython_cell", arguments, allow_input_required=True
+        )
+        while isinstance(answer, types.InputRequiredResult):
+            assert answer.input_requests and len(answer.input_requests) <= MAX_OPEN_QUESTIONS
+            answers: dict[str, Any] = {}
+            for key, question in answer.input_requests.items():
+                assert isinstance(question, types.ElicitRequest)
+                text = question.params.message
+                asked.append(text)
+                answers[key] = types.ElicitResult(action="decline" if text.endswith(_DECLINED) else "accept")
+            retry = types.CallToolRequestParams(
+                name="execute_ipython_cell",
+                arguments=arguments,
+                input_responses=answers,
+                request_state=answer.request_state,
+            )
+            answer = await client.session.send_request(types.CallToolRequest(params=retry), _ANSWER)
+    assert text_of(answer) == _FLOOD_EXPECTED, text_of(answer)
+    assert sorted(asked) == sorted(
+        f"Allow the tool call a cell wants to make? demo.add(a={i}, b=1000)" for i in range(CALLS)
+    )

@@ -13,6 +13,11 @@ asks depends on the protocol version the client negotiated:
 Decisions keep the rules of `ApprovalRequest`: each request is decided once, and an answer that
 arrives after the tool server's approval timeout (or after the cell is gone) is refused: the
 call does not run.
+
+At most `MAX_OPEN_QUESTIONS` questions of a session are open at the client at once; the others
+wait their turn in the order the cell made the calls (a flood of gathered calls is put to the
+person a few at a time, not all at once). A call whose turn does not come within the approval
+timeout is not asked: it expires on the tool server, as an unanswered one does.
 """
 
 from __future__ import annotations
@@ -42,6 +47,12 @@ _ELICITATION = types.ClientCapabilities(elicitation=types.ElicitationCapability(
 # Accept or decline is the answer: the form asks for nothing more.
 _SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 _KEY_PREFIX = "ipybox-approval-"
+
+MAX_OPEN_QUESTIONS = 4
+"""How many questions of one session are open at the client at once; the others wait their turn."""
+
+Arrived = tuple[float, ApprovalRequest]
+"""An approval request and when it reached the MCP server (`anyio.current_time`)."""
 
 NO_ELICITATION = (
     "This ipybox server runs with --approve-tool-calls: every tool call and shell command a cell makes "
@@ -104,7 +115,10 @@ class Cell:
 
     stream: AsyncGenerator[Any, None]
     output: KeptText
-    approvals: asyncio.Queue[ApprovalRequest] = field(default_factory=asyncio.Queue)
+    # Each request with the time it arrived (`anyio.current_time`), from which its turn is bounded.
+    approvals: asyncio.Queue[Arrived] = field(default_factory=asyncio.Queue)
+    # 2026-07-28: requests not asked yet, beyond the questions open at the client.
+    backlog: list[Arrived] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: CodeExecutionResult | None = None
     failure: str | None = None
@@ -123,7 +137,7 @@ class Cell:
                     elif isinstance(item, CodeExecutionResult):
                         self.result = item
                     elif isinstance(item, ApprovalRequest):
-                        self.approvals.put_nowait(item)
+                        self.approvals.put_nowait((anyio.current_time(), item))
         except CodeExecutionError as exc:
             self.failure = exc.traceback or str(exc)
         except TimeoutError as exc:
@@ -133,10 +147,11 @@ class Cell:
         finally:
             self.done.set()
 
-    async def next_requests(self) -> list[ApprovalRequest]:
-        """Wait until the cell ends (then ``[]``) or asks for approval (the requests waiting)."""
-        waiting: list[ApprovalRequest] = []
-        if self.approvals.empty() and not self.done.is_set():
+    async def next_requests(self, *, wait: bool = True) -> list[Arrived]:
+        """Wait until the cell ends (then ``[]``) or asks for approval (the requests waiting);
+        without `wait`, only the requests waiting now."""
+        waiting: list[Arrived] = []
+        if wait and self.approvals.empty() and not self.done.is_set():
             getter = asyncio.ensure_future(self.approvals.get())
             ended = asyncio.ensure_future(self.done.wait())
             try:
@@ -160,9 +175,17 @@ class Cell:
 
 
 class ClientApproval:
-    """The approvals of one MCP session, asked of the person at its client."""
+    """The approvals of one MCP session, asked of the person at its client.
 
-    def __init__(self) -> None:
+    Args:
+        timeout: The tool server's approval timeout (seconds): a request not asked within it from
+            its arrival has expired there, and is not asked.
+    """
+
+    def __init__(self, timeout: float = 60) -> None:
+        self._timeout = timeout
+        # Handshake era: the questions open over the session (FIFO: calls are asked in order).
+        self._open = anyio.Semaphore(MAX_OPEN_QUESTIONS)
         # 2026-07-28: cells waiting for a client's answers, by the state handed to the client
         # (random and used once: replaying an answer, or guessing another's state, finds nothing).
         self._waiting: dict[str, tuple[Cell, dict[str, ApprovalRequest]]] = {}
@@ -176,8 +199,8 @@ class ClientApproval:
         async with anyio.create_task_group() as tasks:
             try:
                 while requests := await cell.next_requests():
-                    for request in requests:
-                        tasks.start_soon(self._ask_over_session, ctx, request)
+                    for arrived, request in requests:
+                        tasks.start_soon(self._ask_over_session, ctx, request, arrived + self._timeout)
             except BaseException:
                 await cell.cancel()
                 raise
@@ -201,12 +224,22 @@ class ClientApproval:
 
     async def _until_asked(self, cell: Cell) -> types.InputRequiredResult | None:
         try:
-            requests = await cell.next_requests()
+            while True:
+                # Requests still in the backlog are asked now, with any that came meanwhile.
+                fresh = await cell.next_requests(wait=not cell.backlog)
+                if not (cell.backlog or fresh):
+                    return None  # the cell ended
+                now = anyio.current_time()
+                waiting = [
+                    (at, request) for at, request in [*cell.backlog, *fresh] if now < at + self._timeout
+                ]
+                cell.backlog = waiting[MAX_OPEN_QUESTIONS:]
+                if waiting:
+                    break
         except BaseException:
             await cell.cancel()
             raise
-        if not requests:
-            return None
+        requests = [request for _, request in waiting[:MAX_OPEN_QUESTIONS]]
         asked = {f"{_KEY_PREFIX}{index}": request for index, request in enumerate(requests)}
         state = secrets.token_urlsafe(32)
         self._waiting[state] = (cell, asked)
@@ -233,15 +266,23 @@ class ClientApproval:
             await asyncio.sleep(_KEEP_ENDED)
             self._waiting.pop(state, None)
 
-    async def _ask_over_session(self, ctx: ServerRequestContext[Any], request: ApprovalRequest) -> None:
-        try:
-            result = await ctx.session.elicit_form(
-                message(request), _SCHEMA, related_request_id=ctx.request_id
-            )
-        except Exception as exc:
-            # The client answered with an error, or went away: nobody accepted the call.
-            logger.warning("Asking the MCP client about %s failed: %s", request, exc)
-            result = None
+    async def _ask_over_session(
+        self, ctx: ServerRequestContext[Any], request: ApprovalRequest, expires: float
+    ) -> None:
+        """Ask when a question slot is free; a request that expires first (waiting its turn, or
+        asked and unanswered) frees its slot and is left to expire on the tool server."""
+        result: types.ElicitResult | None = None
+        with anyio.move_on_at(expires) as turn:
+            async with self._open:
+                try:
+                    result = await ctx.session.elicit_form(
+                        message(request), _SCHEMA, related_request_id=ctx.request_id
+                    )
+                except Exception as exc:
+                    # The client answered with an error, or went away: nobody accepted the call.
+                    logger.warning("Asking the MCP client about %s failed: %s", request, exc)
+        if turn.cancelled_caught:
+            return
         await decide(request, result)
 
 

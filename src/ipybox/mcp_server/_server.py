@@ -150,7 +150,7 @@ class Settings:
                 with contextlib.suppress(OSError):
                     folder.rmdir()  # only if the kernel left nothing in it
             raise
-        approval = ClientApproval() if self.approve_tool_calls else None
+        approval = ClientApproval(self.approval_timeout) if self.approve_tool_calls else None
         return ToolSession(executor, folder, self.installer(folder), self.transfer_rules(folder), approval)
 
     def transfer_rules(self, folder: Path | None = None) -> _files.Rules:
