@@ -15,6 +15,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -43,7 +44,23 @@ set -eu
 ip link set lo up
 # An address outside 127/8, which Enterprise Gateway insists on; on loopback, it leads nowhere.
 ip addr add 10.254.0.1/32 dev lo
+# What the gateway runs from may live under /tmp (a clone there, with its .venv): those folders are
+# carried over into the private /tmp, nothing else of the host's.
+i=0
+while IFS= read -r path; do
+    [ -n "$path" ] || continue
+    mkdir -p "$STATE/keep/$i"
+    mount --bind "$path" "$STATE/keep/$i"
+    i=$((i + 1))
+done <<< "$KEEP"
 mount -t tmpfs -o mode=1777 tmpfs /tmp
+i=0
+while IFS= read -r path; do
+    [ -n "$path" ] || continue
+    mkdir -p "$path"
+    mount --bind "$STATE/keep/$i" "$path"
+    i=$((i + 1))
+done <<< "$KEEP"
 export TMPDIR=/tmp JUPYTER_RUNTIME_DIR=/tmp/jupyter-runtime
 socat -lf /dev/null "UNIX-LISTEN:$FORWARD_SOCKET,fork,mode=600" "TCP:127.0.0.1:$INNER_PORT,nodelay" &
 exec "$@"
@@ -125,6 +142,8 @@ def gateway_in_netns(argv: list[str], start_timeout: float = START_TIMEOUT) -> I
         "KG_AUTH_TOKEN": token,
         "FORWARD_SOCKET": str(forward_socket),
         "INNER_PORT": str(INNER_PORT),
+        "STATE": str(state),
+        "KEEP": "\n".join(_kept_under_tmp(argv)),
     }
     with contextlib.ExitStack() as stack:
         stack.callback(shutil.rmtree, state, True)
@@ -149,6 +168,19 @@ def gateway_in_netns(argv: list[str], start_timeout: float = START_TIMEOUT) -> I
         gateway = NetnsGateway(url=f"http://127.0.0.1:{_listening_port(outer.pid)}", token=token, log=log)
         _wait_ready(gateway, inner, start_timeout)
         yield gateway
+
+
+def _kept_under_tmp(argv: list[str]) -> list[str]:
+    """The folders directly in /tmp that hold what the gateway runs from (its Python, this checkout)."""
+    needed = [Path(sys.prefix), Path(sys.base_prefix), Path(__file__).resolve().parents[1]]
+    needed += [Path(arg) for arg in argv if arg.startswith("/")]
+    kept = []
+    for path in needed:
+        for candidate in (path, path.resolve()):
+            parts = candidate.parts
+            if len(parts) > 2 and parts[:2] == ("/", "tmp"):
+                kept.append(str(Path("/tmp", parts[2])))
+    return sorted(set(kept))
 
 
 def _listening_port(pid: int, timeout: float = 10.0) -> int:
