@@ -7,7 +7,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,21 @@ import mcp_types as types
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE, streamable_http_client
+
+
+@contextlib.contextmanager
+def own_state(workspace: Path) -> Iterator[Path]:
+    """`workspace`, with ``IPYBOX_STATE_DIR`` beside it while the block runs: a test module's server
+    and tests then share one registry of their own."""
+    old_state = os.environ.get("IPYBOX_STATE_DIR")
+    os.environ["IPYBOX_STATE_DIR"] = str(workspace.parent / f"{workspace.name}-state")
+    try:
+        yield workspace
+    finally:
+        if old_state is None:
+            os.environ.pop("IPYBOX_STATE_DIR", None)
+        else:
+            os.environ["IPYBOX_STATE_DIR"] = old_state
 
 
 def server_env(**extra: str) -> dict[str, str]:

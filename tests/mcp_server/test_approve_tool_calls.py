@@ -7,7 +7,6 @@ the SDK's client with an elicitation callback that plays the person.
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ from mcp.client import Client
 from pydantic import TypeAdapter
 
 from tests.conftest import DEMO_SERVER
-from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
+from tests.mcp_server.support import connected, own_state, run, server_env, stdio_params, text_of
 from tests.mcp_server.test_http import start_server, stop_server
 from tests.sandbox_support import require_sandbox
 
@@ -51,15 +50,8 @@ class Person:
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("approve").resolve()
-    old_state = os.environ.get("IPYBOX_STATE_DIR")
-    os.environ["IPYBOX_STATE_DIR"] = str(path.parent / f"{path.name}-state")
-    try:
+    with own_state(path):
         yield path
-    finally:
-        if old_state is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = old_state
 
 
 _DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}

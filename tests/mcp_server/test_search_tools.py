@@ -15,7 +15,7 @@ from mcp.client import Client
 
 from ipybox.kernel._search import MAX_LIMIT, MAX_QUERY_CHARS
 from tests.mcp_apigen.apigen_support import TOOLS_SERVER
-from tests.mcp_server.support import connected, run, stdio_params, text_of
+from tests.mcp_server.support import connected, own_state, run, stdio_params, text_of
 from tests.test_tool_search import FORECAST, ISSUES, POST
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -24,15 +24,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("workspace").resolve()
-    old_state = os.environ.get("IPYBOX_STATE_DIR")
-    os.environ["IPYBOX_STATE_DIR"] = str(path.parent / f"{path.name}-state")
-    try:
+    with own_state(path):
         yield path
-    finally:
-        if old_state is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = old_state
 
 
 @pytest.fixture(autouse=True)

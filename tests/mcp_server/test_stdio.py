@@ -20,7 +20,7 @@ from PIL import Image
 
 from ipybox.mcp_server._install import packages_dir
 from tests.conftest import DEMO_SERVER
-from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
+from tests.mcp_server.support import connected, own_state, run, server_env, stdio_params, text_of
 from tests.servers.demo_server import png_bytes
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -31,15 +31,8 @@ ROOT = Path(__file__).parents[2]
 def workspace(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     path = tmp_path_factory.mktemp("workspace").resolve()
     (path / ".env").write_text("KERNEL_ENV_FROM_DOTENV=dotenv-value\nDOTENV_SECRET=hidden\n")
-    old_state = os.environ.get("IPYBOX_STATE_DIR")
-    os.environ["IPYBOX_STATE_DIR"] = str(path.parent / f"{path.name}-state")
-    try:
+    with own_state(path):
         yield path
-    finally:
-        if old_state is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = old_state
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,9 @@ connected. It also holds the bearer-token check every endpoint but ``/status`` m
 
 from __future__ import annotations
 
-from pydantic import ValidationError
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive
@@ -28,6 +30,9 @@ from ipybox.app._tool_http import (
     _summarise,
 )
 
+# The model a request body is read as.
+_Body = TypeVar("_Body", bound=BaseModel)
+
 
 class _ShellRoutes(_ToolCalls):
     """Serves ``POST /approve`` and ``POST /shell`` (the shell commands of a kernel)."""
@@ -45,7 +50,10 @@ class _ShellRoutes(_ToolCalls):
         finally:
             charge.release()
 
-    async def _approve_body(self, request: Request, charge: _Charge) -> Response:
+    async def _parsed_body(
+        self, request: Request, charge: _Charge, model: type[_Body], what: str
+    ) -> _Body | Response:
+        """The request's body as `model`; else the answer to give (client gone, too large, malformed)."""
         raw = await self._read_body(request.headers.get("content-length"), request.receive, charge)
         if raw is None:
             return Response(status_code=400)  # the client left; nobody reads this
@@ -53,10 +61,14 @@ class _ShellRoutes(_ToolCalls):
             status, content = raw
             return Response(content, status_code=status, media_type="application/json")
         try:
-            body = _RunRequest.model_validate_json(raw)
+            return model.model_validate_json(raw)
         except ValidationError as exc:
-            return _error_response(400, "failed", f"The approval request is malformed: {_summarise(exc)}")
-        del raw
+            return _error_response(400, "failed", f"The {what} request is malformed: {_summarise(exc)}")
+
+    async def _approve_body(self, request: Request, charge: _Charge) -> Response:
+        body = await self._parsed_body(request, charge, _RunRequest, "approval")
+        if isinstance(body, Response):
+            return body
         if body.server_params:
             return _error_response(400, "failed", "An approval request cannot carry server_params.")
         try:
@@ -73,20 +85,11 @@ class _ShellRoutes(_ToolCalls):
         # The body (a command line) counts toward the in-flight budget only while it is read.
         charge = _Charge(self._inflight)
         try:
-            raw = await self._read_body(request.headers.get("content-length"), request.receive, charge)
+            body = await self._parsed_body(request, charge, _ShellRequest, "shell command")
         finally:
             charge.release()
-        if raw is None:
-            return Response(status_code=400)  # the client left; nobody reads this
-        if isinstance(raw, tuple):
-            status, content = raw
-            return Response(content, status_code=status, media_type="application/json")
-        try:
-            body = _ShellRequest.model_validate_json(raw)
-        except ValidationError as exc:
-            return _error_response(
-                400, "failed", f"The shell command request is malformed: {_summarise(exc)}"
-            )
+        if isinstance(body, Response):
+            return body
         runner = self._confinement.shell_runner
         if runner is None:
             return _error_response(
