@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ipybox.app import _sandbox
+from ipybox.app import _sandbox  # private: where srt is found, to skip with the reason when it is not
 from ipybox.errors import SandboxUnavailableError
 
 

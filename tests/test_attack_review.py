@@ -4,6 +4,8 @@ page on the loopback interface. Each test passes when the attack fails."""
 
 from __future__ import annotations
 
+# private-ok: attacks on internal parts no public API reaches directly: the OAuth loopback callback,
+# the search index's size caps, the remote channel's prompt marker and answer backlog.
 import asyncio
 import json
 import sys

@@ -3,6 +3,8 @@ the ``ipybox audit`` command."""
 
 from __future__ import annotations
 
+# private-ok: the audit trail is read back through its internal reader (as `ipybox audit` does),
+# and the CLI's parser and the approval gate are tested directly on their own.
 import concurrent.futures
 import json
 import os

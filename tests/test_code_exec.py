@@ -293,7 +293,8 @@ async def test_cancel_stops_a_running_execution_from_another_task(executor: Code
 
 async def test_cancel_right_after_the_execution_was_submitted_still_lands(executor: CodeExecutor) -> None:
     execution = asyncio.create_task(executor.execute("import time\ntime.sleep(30)"))
-    while not executor._lock.locked():  # noqa: ASYNC110  # the lock is taken on the task's first step
+    # Private: the lock, taken on the task's first step, is the only sign the execution began.
+    while not executor._lock.locked():  # noqa: ASYNC110
         await asyncio.sleep(0)
     await executor.cancel()
     with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
@@ -322,7 +323,8 @@ async def test_a_cancel_landing_in_an_ipython_hook_still_stops_the_cell(executor
         "get_ipython().events.register('pre_run_cell', _until_interrupted)"
     )
     execution = asyncio.create_task(executor.execute("cell_ran = True"))
-    while not executor._lock.locked():  # noqa: ASYNC110  # the lock is taken on the task's first step
+    # Private: the lock, taken on the task's first step, is the only sign the execution began.
+    while not executor._lock.locked():  # noqa: ASYNC110
         await asyncio.sleep(0)
     await executor.cancel()
     with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
@@ -335,7 +337,8 @@ async def test_cancels_landing_anywhere_in_an_execution_always_end_it(executor: 
     execution: ipykernel dropped such a request's reply, and the execution hung (seen under load)."""
     for round_ in range(40):
         execution = asyncio.create_task(executor.execute(f"x = {round_}"))
-        while not executor._lock.locked():  # noqa: ASYNC110  # the lock is taken on the task's first step
+        # Private: the lock, taken on the task's first step, is the only sign the execution began.
+        while not executor._lock.locked():  # noqa: ASYNC110
             await asyncio.sleep(0)
         # Spread over the whole execution: some before the kernel starts it, some during, some after.
         for _ in range(round_ % 8):
@@ -540,9 +543,9 @@ async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
 
 @pytest.mark.slow
 async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(executor: CodeExecutor) -> None:
-    # Private: the executor does not expose its gateway's process, whose tree is what is checked.
-    assert executor._kernels is not None and executor._kernels.gateway._process is not None
-    fixture_gateway = psutil.Process(executor._kernels.gateway._process.pid)
+    # Private: the executor does not expose its gateway, whose process tree is what is checked.
+    assert executor._kernels is not None and executor._kernels.gateway.pid is not None
+    fixture_gateway = psutil.Process(executor._kernels.gateway.pid)
 
     def running() -> set[int]:
         # The module's executor keeps its own processes coming and going (spare kernels; srt's

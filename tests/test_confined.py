@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# private-ok: the confined file module (ipybox.app._confined) is internal; its unit tests race it
+# against a swapping attacker directly, which the public paths only reach one file at a time.
 import ctypes
 import os
 import shutil

@@ -183,7 +183,7 @@ async def test_a_rejected_command_runs_nothing(walled: CodeExecutor, workdir: Pa
 
 
 async def test_the_filter_checks_the_architecture_first() -> None:
-    from ipybox.kernel import _exec_wall
+    from ipybox.kernel import _exec_wall  # private: the filter program is checked instruction by instruction
 
     for machine in ("x86_64", "aarch64"):
         program = _exec_wall.program(machine)
@@ -322,6 +322,7 @@ async def test_without_landlock_the_start_fails_and_says_what_to_do(
     workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Stands in for a machine without Landlock (the check runs in the application, before any kernel).
+    # Private: the check is patched, as no machine here lacks Landlock on demand.
     from ipybox.errors import SandboxUnavailableError
     from ipybox.kernel import _exec_wall
 

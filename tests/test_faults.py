@@ -27,10 +27,10 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
-from ipybox.app._registry import default_registry
 from ipybox.errors import ApprovalDecisionError
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
+from ipybox.tool_exec.server import default_registry
 from tests.conftest import DEMO_SERVER
 from tests.sandbox_support import require_sandbox
 
@@ -91,8 +91,8 @@ async def executor(workdir: Path, http_demo: HttpDemo) -> AsyncIterator[CodeExec
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
     await generate_mcp_sources("web", {"url": url}, workdir / "mcptools")
     # A server that starts but never says a word: it is registered by the application (the
-    # registry is trusted) and its module is the demo's, so the kernel can call it. Private
-    # ServerRegistry: the public way (generate_mcp_sources) needs a server that answers.
+    # registry is trusted) and its module is the demo's, so the kernel can call it. Registered
+    # by hand: generate_mcp_sources needs a server that answers.
     await generate_mcp_sources("mute", DEMO, workdir / "mcptools")
     default_registry().register(
         "mute",

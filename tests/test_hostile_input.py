@@ -4,6 +4,9 @@ application hold unbounded memory, descriptors or time. Each test also shows the
 
 from __future__ import annotations
 
+# private-ok: the tool server's waits and caps (ipybox.app._tool_http, _mcp_transport) are shortened
+# so each hostile client's test ends in seconds, and the in-flight budget and the approval channel,
+# which nothing public shows, are checked to be released after an attack.
 import asyncio
 import base64
 import selectors

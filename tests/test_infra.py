@@ -1,11 +1,12 @@
 """The application's shared infrastructure, each helper on real sockets, servers and processes.
 
-Private imports: ``ipybox._infra`` is internal. The public servers built on it are attacked in
-tests/tool_exec/test_security.py (tool server) and tests/mcp_server/test_http.py (MCP server).
+The public servers built on it are attacked in tests/tool_exec/test_security.py (tool server) and
+tests/mcp_server/test_http.py (MCP server).
 """
 
 from __future__ import annotations
 
+# private-ok: ipybox._infra is internal; each of its helpers is tested here on its own.
 import asyncio
 import os
 import signal

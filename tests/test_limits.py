@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# private-ok: ipybox.gateway._limits is unit-tested here (size parsing, set-up without a control
+# group), and which mechanism holds the limits decides what the end-to-end tests may expect.
 import asyncio
 import os
 import sys

@@ -18,6 +18,8 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+
+# Private: the audit trail is read back through its own reader, as `ipybox audit` does.
 from ipybox.app._audit import AuditTrail, default_audit_path
 from ipybox.policy import Policy, Rule
 

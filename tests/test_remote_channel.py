@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+# Private: both halves of the remote channel (application and kernel side) are internal; these
+# tests drive them directly.
 from ipybox.app._remote_channel import RemoteKernel, RemoteToolCall
 from ipybox.errors import ToolRunnerError
 from ipybox.kernel._remote_channel import PROMPT_PREFIX
@@ -172,6 +174,7 @@ async def test_a_request_that_names_another_session_reaches_only_its_own_kernels
         RemoteKernel(gateway.url, theirs, token=gateway.token) as victim,
     ):
         # Every routing field the kernel controls names the victim's session and request.
+        # Private: the victim's session id is not exposed; the attacker is taken to have learnt it.
         forged_parent = {
             "msg_id": "victim-request",
             "session": victim._session,

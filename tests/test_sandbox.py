@@ -25,6 +25,9 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+
+# Private: the sandbox's per-user folder base, default settings and srt lookup, which the attacks
+# aim at or stand in for.
 from ipybox.app import _sandbox
 from ipybox.errors import SandboxUnavailableError
 from ipybox.kernel_mgr.client import KernelClient
@@ -594,8 +597,8 @@ async def test_sandboxed_kernels_end_when_their_gateway_is_killed(workdir: Path)
     leaves outside does (it waits on the gateway's lock)."""
     async with KernelGateway(port=None, sandbox=True) as gateway, KernelClient(port=gateway.port) as client:
         assert (await client.execute("print(1)")).text == "1"
-        assert gateway._process is not None
-        process = psutil.Process(gateway._process.pid)
+        assert gateway.pid is not None
+        process = psutil.Process(gateway.pid)
         kernels = process.children(recursive=True)
         assert any("ipykernel_launcher" in " ".join(p.cmdline()) for p in kernels)
         process.kill()

@@ -138,8 +138,8 @@ async def test_a_sandboxed_kernel_that_defends_itself_ends_with_its_killed_gatew
         KernelClient(port=gateway.port) as client,
     ):
         assert (await client.execute(OUTLIVE)).text == "['sleep', '100001', '']"
-        assert gateway._process is not None
-        process = psutil.Process(gateway._process.pid)
+        assert gateway.pid is not None
+        process = psutil.Process(gateway.pid)
         descendants = process.children(recursive=True)
         names = [" ".join(proc.cmdline()) for proc in descendants]
         listing = "\n".join(name[:100] for name in names)

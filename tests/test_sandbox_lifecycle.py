@@ -102,6 +102,7 @@ async def test_unix_sockets_of_the_host_and_of_other_executors_are_unreachable(
             CodeExecutor(sandbox=True, working_dir=project) as ex,
             CodeExecutor(sandbox=True, working_dir=project) as other,
         ):
+            # Private: the executors do not expose their tool servers' sockets, which are the targets.
             assert other._tool_server is not None and other._tool_server.uds is not None
             for path in [*sockets, other._tool_server.uds]:
                 await fails(ex, CONNECT.format(path=str(path)), "FileNotFoundError", "PermissionError")
@@ -169,8 +170,8 @@ async def test_trusted_processes_do_not_run_in_the_working_directory(project: Pa
             KernelClient(port=gateway.port, spare_kernel=False) as client,
         ):
             assert (await client.execute("import os\nprint(os.getcwd())")).text == str(project)
-            assert gateway._process is not None
-            process = psutil.Process(gateway._process.pid)
+            assert gateway.pid is not None
+            process = psutil.Process(gateway.pid)
             cwds = {}
             for proc in [process, *process.children(recursive=True)]:
                 try:

@@ -20,6 +20,9 @@ import pytest
 
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox.errors import ToolSearchError
+
+# Private: the limits the errors name, the index file that hostile code damages, and the MCP
+# server's search (the trusted side's reader) called without an MCP round trip.
 from ipybox.kernel._search import INDEX_FILE, MAX_LIMIT, MAX_QUERY_CHARS
 from ipybox.mcp_server import _search
 from ipybox.tool_exec.search import search_tools

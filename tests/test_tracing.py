@@ -16,8 +16,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutor, generate_mcp_sources
+
+# Private: the hostile cell forges a tool call by hand, so it needs the names of the variables
+# that tell the kernel where the tool server is (the wire contract is internal).
 from ipybox._wire import ToolServerEnv
-from ipybox.app import _tracing
 from tests.conftest import DEMO_SERVER
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -66,10 +68,10 @@ async def test_a_trace_shows_the_cell_its_calls_their_approval_waits_and_the_ser
     async for item in executor.stream(code):
         if isinstance(item, ApprovalRequest):
             await item.accept()
-    [cell] = traced.spans(_tracing.CELL)
-    calls = traced.spans(_tracing.TOOL_CALL)
-    approvals = traced.spans(_tracing.APPROVAL)
-    starts = traced.spans(_tracing.SERVER_START)
+    [cell] = traced.spans("ipybox.execute")
+    calls = traced.spans("ipybox.tool_call")
+    approvals = traced.spans("ipybox.approval")
+    starts = traced.spans("ipybox.mcp_server.start")
     assert cell.attributes is not None and cell.attributes["ipybox.code"] == code
     assert [(c.attributes or {}).get("ipybox.tool") for c in calls] == ["add", "add"]
     assert {_parent(call) for call in calls} == {cell.context.span_id}
@@ -89,9 +91,9 @@ async def test_a_rejected_call_and_a_failed_cell_are_marked_as_errors(
         async for item in executor.stream("from mcptools.demo import add\nadd.run(add.Params(a=1, b=2))"):
             if isinstance(item, ApprovalRequest):
                 await item.reject()
-    [cell] = traced.spans(_tracing.CELL)
-    [call] = traced.spans(_tracing.TOOL_CALL)
-    [approval] = traced.spans(_tracing.APPROVAL)
+    [cell] = traced.spans("ipybox.execute")
+    [call] = traced.spans("ipybox.tool_call")
+    [approval] = traced.spans("ipybox.approval")
     assert not cell.status.is_ok and not call.status.is_ok
     assert (call.attributes or {})["ipybox.status"] == 403
     assert (approval.attributes or {})["ipybox.accepted"] is False
@@ -116,8 +118,8 @@ print(json.loads(urllib.request.urlopen(request).read())["result"]["sum"])
 """
     result = await executor.execute(code)
     assert result.text == "2"
-    [cell] = traced.spans(_tracing.CELL)
-    [call] = traced.spans(_tracing.TOOL_CALL)
+    [cell] = traced.spans("ipybox.execute")
+    [call] = traced.spans("ipybox.tool_call")
     assert call.context.trace_id == cell.context.trace_id != int(foreign_trace, 16)
     assert _parent(call) == cell.context.span_id
 
@@ -135,8 +137,8 @@ async def test_a_call_from_a_thread_a_cell_left_behind_goes_under_the_cell_runni
         "t = threading.Thread(target=late); t.start()"
     )
     await executor.execute("go.set(); t.join(60)")
-    first, second = sorted(traced.spans(_tracing.CELL), key=lambda span: span.start_time or 0)
-    [call] = traced.spans(_tracing.TOOL_CALL)
+    first, second = sorted(traced.spans("ipybox.execute"), key=lambda span: span.start_time or 0)
+    [call] = traced.spans("ipybox.tool_call")
     assert _parent(call) == second.context.span_id != first.context.span_id
 
 

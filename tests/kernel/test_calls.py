@@ -6,6 +6,8 @@ into it what a socket or a stream would have raised, and checks what the exchang
 
 from __future__ import annotations
 
+# private-ok: the kernel-side tool-call core (ipybox.kernel._calls) is internal; its unit tests
+# drive it step by step, without I/O, which no public API can.
 import asyncio
 from typing import Any
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# private-ok: the kernel's HTTP response reader (ipybox.kernel._http) is internal; its unit tests
+# feed it bytes directly, split and broken in ways no real server sends on demand.
 import pytest
 
 from ipybox.kernel._http import (

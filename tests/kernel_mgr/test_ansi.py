@@ -21,6 +21,7 @@ def test_escape_sequences_split_across_chunks_are_removed_whole(cuts: list[int])
 def test_kept_text_is_whole_up_to_its_limit_and_else_its_head_and_tail() -> None:
     import random
 
+    # Private: the kept text is fed sizes and chunkings a real kernel cannot be made to produce.
     from ipybox.app._kernel_output import KeptText
 
     rng = random.Random(7)

@@ -35,9 +35,9 @@ async def test_stop_ends_the_gateway_and_all_its_kernels() -> None:
     await gateway.start()
     async with KernelClient(port=gateway.port) as client:
         await client.execute("x = 1")
-        assert gateway._process is not None  # private: the gateway's pid is not exposed
-        tree = psutil.Process(gateway._process.pid).children(recursive=True)
-        tree.append(psutil.Process(gateway._process.pid))
+        assert gateway.pid is not None
+        tree = psutil.Process(gateway.pid).children(recursive=True)
+        tree.append(psutil.Process(gateway.pid))
         assert len(tree) >= 2  # the gateway and at least one kernel
         await gateway.stop()
     assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
@@ -68,6 +68,7 @@ async def test_starting_twice_raises() -> None:
 async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # Private: the race for the picked port is forced by patching the gateway's port picker.
     import ipybox.app._gateway as server
 
     with socket.socket() as squatter:  # another process wins the race for the picked port

@@ -10,6 +10,8 @@ generated code may import, import cleanly, carry the texts unchanged, and leave 
 
 from __future__ import annotations
 
+# private-ok: the code generator's renderer (ipybox.app._apigen, _codegen) gets hostile schemas
+# directly, thousands per run; generate_mcp_sources runs it against real MCP servers elsewhere.
 import ast
 import inspect
 import itertools

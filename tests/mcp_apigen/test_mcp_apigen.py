@@ -7,6 +7,8 @@ servers started as subprocesses (tests/mcp_apigen/tools_server.py serves any too
 
 from __future__ import annotations
 
+# private-ok: schema-to-code cases go through the renderer and the name rules (ipybox.app._apigen,
+# _codegen) on `Tool` values; the public generate_mcp_sources is tested against real servers.
 import inspect
 import json
 import logging
@@ -21,9 +23,9 @@ from pydantic import ValidationError
 
 from ipybox.app._apigen import render_sources
 from ipybox.app._codegen import module_name, module_names
-from ipybox.app._registry import ServerRegistry
 from ipybox.errors import MCPServerError, ServerParamsError
 from ipybox.mcp_apigen import generate_mcp_sources
+from ipybox.tool_exec.server import ServerRegistry
 from tests.mcp_apigen.apigen_support import (
     TOOLS_SERVER,
     check_source,

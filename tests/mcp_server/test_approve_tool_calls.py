@@ -332,6 +332,7 @@ async def test_a_flood_of_gathered_calls_is_asked_a_few_questions_at_a_time(work
     """Attack: a cell gathers 40 tool calls at once to put 40 questions before the person together;
     at most `MAX_OPEN_QUESTIONS` are open at the client at any moment, the rest wait their turn,
     every one is asked, and the declined one refuses only its own call."""
+    # Private: the cap on open questions is internal; the flood is measured against it.
     from ipybox.mcp_server._elicit import MAX_OPEN_QUESTIONS
 
     crowd = Crowd(MAX_OPEN_QUESTIONS, CALLS)
@@ -352,6 +353,7 @@ async def test_a_flood_of_gathered_calls_is_asked_a_few_questions_at_a_time(work
 async def test_under_2026_07_28_a_flood_of_gathered_calls_is_asked_a_few_questions_at_a_time(
     workspace: Path,
 ) -> None:
+    # Private: the cap on open questions is internal; the flood is measured against it.
     from ipybox.mcp_server._elicit import MAX_OPEN_QUESTIONS
 
     params = stdio_params(workspace, "--approve-tool-calls", "--approval-timeout", APPROVAL_TIMEOUT)

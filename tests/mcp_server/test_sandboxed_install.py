@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+# Private: where installed packages go, and the installer run on its own (no MCP round trip).
 from ipybox.mcp_server._install import Installer, InstallError, packages_dir
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
 from tests.sandbox_support import require_sandbox

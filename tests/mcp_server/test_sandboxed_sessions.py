@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox.mcp_server._install import packages_dir
+from ipybox.mcp_server._install import packages_dir  # private: where installed packages go
 from tests.mcp_server.support import connected, run, text_of
 from tests.mcp_server.test_http import TOKEN, HttpServer, start_server, stop_server
 from tests.sandbox_support import require_sandbox

@@ -18,7 +18,7 @@ import pytest_asyncio
 from mcp.client import Client
 from PIL import Image
 
-from ipybox.mcp_server._install import packages_dir
+from ipybox.mcp_server._install import packages_dir  # private: where installed packages go
 from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, own_state, run, server_env, stdio_params, text_of
 from tests.servers.demo_server import png_bytes

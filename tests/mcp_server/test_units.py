@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# private-ok: the unit tests of the MCP server's internal parts (install commands, output shaping,
+# Host names, the session table, the CLI's parser), which the public server only reaches whole.
 import asyncio
 import os
 from pathlib import Path

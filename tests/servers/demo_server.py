@@ -155,7 +155,7 @@ async def slow(seconds: float, started: str = "") -> str:
     """
     if started:
         os.close(os.open(started, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    await asyncio.sleep(seconds)
+    await asyncio.sleep(seconds)  # sleep: a tool that takes time is what the caller asked for
     return f"slept {seconds}"
 
 

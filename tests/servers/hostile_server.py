@@ -60,7 +60,7 @@ async def _huge(head: bytes, size: int, tail: bytes) -> AsyncIterator[bytes]:
 async def _trickle(head: bytes) -> AsyncIterator[bytes]:
     yield head
     while True:
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # sleep: a slow trickle of bytes is the attack
         yield b"x"
 
 

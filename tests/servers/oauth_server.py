@@ -86,7 +86,7 @@ class Provider(OAuthAuthorizationServerProvider[AuthorizationCode, RefreshToken,
     ) -> AuthorizationCode | None:
         return self.codes.get(authorization_code)
 
-    def _issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
+    def issue(self, client_id: str, scopes: list[str], resource: str | None) -> OAuthToken:
         access, refresh = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
         self.access[access] = AccessToken(
             token=access,
@@ -112,7 +112,7 @@ class Provider(OAuthAuthorizationServerProvider[AuthorizationCode, RefreshToken,
         if self.codes.pop(authorization_code.code, None) is None:
             raise TokenError("invalid_grant", "authorization code already used")
         STATS["authorizations"] += 1
-        return self._issue(
+        return self.issue(
             authorization_code.client_id, authorization_code.scopes, authorization_code.resource
         )
 
@@ -129,7 +129,7 @@ class Provider(OAuthAuthorizationServerProvider[AuthorizationCode, RefreshToken,
         for token in [t for t, a in self.access.items() if a.client_id == refresh_token.client_id]:
             del self.access[token]
         STATS["refreshes"] += 1
-        return self._issue(refresh_token.client_id, scopes or refresh_token.scopes, refresh_token.resource)
+        return self.issue(refresh_token.client_id, scopes or refresh_token.scopes, refresh_token.resource)
 
     async def load_access_token(self, token: str) -> AccessToken | None:
         return self.access.get(token)
@@ -164,7 +164,7 @@ async def admin(request: Request) -> Response:
     elif action == "token-for":
         # A valid token for a given resource, as another client of the same server would hold.
         resource = (await request.json())["resource"]
-        issued = PROVIDER._issue("someone-else", ["notes"], resource)
+        issued = PROVIDER.issue("someone-else", ["notes"], resource)
         return JSONResponse({"access_token": issued.access_token})
     return JSONResponse(STATS)
 

@@ -166,6 +166,7 @@ async def test_join_waits_for_the_client_to_go(approval_server: ToolServer) -> N
     async def accept(request: ApprovalRequest) -> None:
         await request.accept()
 
+    # Private: the approval channel's join is what is tested; the tool server does not expose it.
     channel = approval_server._channel
     client = ApprovalClient(accept, port=approval_server.port)
     await client.connect()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+# Private: MCP sessions and server parameters are internal; they are tested here on real servers.
 from ipybox.app._mcp import MCPSession, list_tools
 from ipybox.app._params import HttpParams, StdioParams, resolve_params
 from ipybox.errors import MCPServerError, ServerParamsError

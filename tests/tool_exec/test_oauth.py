@@ -22,6 +22,9 @@ import httpx2
 import pytest
 
 from ipybox import CodeExecutionError, CodeExecutor, generate_mcp_sources
+
+# Private: the OAuth store, MCP session and parameter resolution are internal; they are driven
+# directly against a real OAuth server.
 from ipybox.app import _oauth
 from ipybox.app._mcp import MCPSession
 from ipybox.app._params import resolve_params
@@ -206,6 +209,7 @@ def test_the_mcp_server_asks_for_ipybox_auth_login_instead_of_waiting_on_its_std
 ) -> None:
     import asyncio
 
+    # Private: the CLI's refusal of the browser step, on its own.
     from ipybox.mcp_server._auth_cli import refuse_browser_step
 
     refuse_browser_step()

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+# Private: parameter resolution and confinement are internal; they are tested directly.
 from ipybox.app._params import StdioParams, confine, resolve_params
 from ipybox.errors import ServerParamsError
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+# Private: default_registry_path is internal (ServerRegistry and default_registry are public in
+# ipybox.tool_exec.server).
 from ipybox.app._registry import ServerRegistry, default_registry, default_registry_path
 from ipybox.mcp_apigen import generate_mcp_sources
 from ipybox.tool_exec.client import ToolRunner

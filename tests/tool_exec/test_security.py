@@ -25,6 +25,8 @@ import pytest
 from websockets.asyncio.client import connect as ws_connect
 from websockets.exceptions import InvalidStatus
 
+# Private: the kernel-side client's cached runners are closed after a test (no public way); the
+# registry names are public in ipybox.tool_exec.server too.
 from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.kernel import _tool_client as client_module
 from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
@@ -323,6 +325,7 @@ async def test_run_tool_finds_the_tool_server_through_the_kernel_environment(
             with pytest.raises(ToolRunnerError):
                 await asyncio.to_thread(run_tool, "demo", "echo", {"text": "x"})
         finally:
+            # Private: the kernel-side client caches a runner per server; nothing public closes them.
             for runner in client_module._runners.values():
                 runner.close()
             client_module._runners.clear()

@@ -17,6 +17,7 @@ import httpx2
 import pytest
 from pydantic import BaseModel
 
+# Private: the same function is public as ipybox.tool_exec.server.default_registry.
 from ipybox.app._registry import default_registry
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer

@@ -185,6 +185,8 @@ def installation() -> tuple[list[Path], Path]:
     """The Python environment, ipybox's package and srt's code, and the folder holding all three
     (a checkout run with `uv run`)."""
     import ipybox
+
+    # Private: where srt is installed, one of the three folders looked for.
     from ipybox.app import _sandbox
 
     targets = [Path(sys.prefix), Path(ipybox.__file__).parent, Path(_sandbox.find_srt()).resolve().parent]

@@ -149,6 +149,16 @@ class KernelGateway:
         return f"http://{self.host}:{self.port}"
 
     @property
+    def pid(self) -> int | None:
+        """The gateway process's id from `start()` until `stop()`, else None.
+
+        Its kernels (and what they start) are its descendants: a caller that watches or accounts
+        for the processes of its sandbox starts from here.
+        """
+        process = self._process
+        return None if process is None else process.pid
+
+    @property
     def running(self) -> bool:
         """Whether the gateway process is alive (one that exited but is not reaped yet is not)."""
         process = self._process
