@@ -105,7 +105,7 @@ class Uvicorn(uvicorn.Server):
         ready.cancel()
         try:
             await task
-        except BaseException as exc:
+        except BaseException as exc:  # broad: uvicorn ends a failed start with SystemExit (the task is done)
             raise RuntimeError(str(exc) or type(exc).__name__) from exc
         raise RuntimeError("uvicorn stopped before it was ready")
 

@@ -294,6 +294,7 @@ class KernelGateway:
         except BaseException:
             if check is not None and not check.done():
                 check.cancel()
+                # Broad: the check's own end, even its cancellation, changes nothing: the start failed.
                 with contextlib.suppress(BaseException):
                     await check
             await self._stop_process(10)
@@ -464,6 +465,7 @@ class KernelGateway:
                     with contextlib.suppress(Exception):
                         await asyncio.wait_for(process.wait(), 2)
                     if self._reader is not None:
+                        # Broad: as above; the output read so far is what the error shows.
                         with contextlib.suppress(Exception):
                             await asyncio.wait_for(self._reader, 1)
                     raise self._failure(

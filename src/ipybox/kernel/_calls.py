@@ -248,7 +248,7 @@ class ToolCalls:
                 while (response := reader.feed((yield reader.wanted))) is None:
                     pass
                 return response
-            except BaseException as exc:
+            except BaseException as exc:  # broad: an interrupt or cancellation must drop the connection too
                 if isinstance(exc, GeneratorExit):  # the exchange was closed: no step can be asked for
                     raise
                 if stage != _CONNECT:
