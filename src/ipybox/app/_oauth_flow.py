@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import socket
 import sys
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -30,6 +29,7 @@ from mcp.shared.auth import (
     ProtectedResourceMetadata,
 )
 
+from ipybox._infra import listen
 from ipybox.app._oauth_store import _REFRESH_MARGIN, TokenStore
 from ipybox.errors import AuthorizationError
 
@@ -85,11 +85,9 @@ class _LoopbackCallback:
     """
 
     def __init__(self, port: int) -> None:
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         try:
-            self._sock.bind(("127.0.0.1", port))
+            self._sock = listen("127.0.0.1", port)
         except OSError as exc:
-            self._sock.close()
             raise OSError(
                 f"the OAuth callback port {port} on 127.0.0.1 cannot be used: {exc.strerror}"
             ) from exc
@@ -101,8 +99,6 @@ class _LoopbackCallback:
 
     async def wait(self, state: str) -> AuthorizationCodeResult:
         """Serve until a callback with `state` arrives; its code (or the error it carries)."""
-        self._sock.listen(8)
-        self._sock.setblocking(False)
         result: asyncio.Future[AuthorizationCodeResult] = asyncio.get_running_loop().create_future()
 
         # Connections still open when the wait ends (a page that connected and sent nothing) are
