@@ -4,7 +4,7 @@
 - `Uvicorn`: uvicorn serving an ASGI app in this process's event loop.
 - `BearerToken` and `Guard`: the bearer token, Host and Origin checks, for HTTP and WebSocket alike.
 - `kill_tree`: stop a process with its descendants (and its process group); `running`.
-- `strip_ansi`: remove terminal escape sequences.
+- `strip_ansi`: remove terminal escape sequences; `ANSI_TAIL` finds one a later chunk completes.
 - `spawn_with_own_pipes` and `OwnPipes`: a child process whose exit a grandchild cannot hide.
 
 Application side only: the kernel-side modules (``kernel/_tool_client.py``, ``kernel/_ext.py``)
@@ -282,6 +282,11 @@ def _group_exists(pgid: int) -> bool:
 ANSI = re.compile(
     r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[PX^_][^\x1b]*\x1b\\|[ -/]*[0-Z\\`-~])"
 )
+
+
+# The start of one of those sequences, at the end of a text, that a later chunk of the same stream
+# completes (the same grammar, each part's ending optional).
+ANSI_TAIL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?|[PX^_][^\x1b]*\x1b?|[ -/]*)\Z")
 
 
 def strip_ansi(text: str) -> str:

@@ -9,14 +9,13 @@ import binascii
 import itertools
 import logging
 import os
-import re
 import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ipybox._infra import strip_ansi
+from ipybox._infra import ANSI_TAIL, strip_ansi
 from ipybox.app._confined import Confined, ConfinedPathError, write_new
 from ipybox.errors import ExecutionError
 
@@ -25,8 +24,6 @@ __all__ = ["DEFAULT_MAX_OUTPUT_CHARS", "AnsiStripper", "ExecutionResult", "KeptT
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.kernel_mgr.client")
 
-# The start of a terminal escape sequence (`strip_ansi`) that a later chunk of the same stream completes.
-_ANSI_TAIL = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*\x1b?|[PX^_][^\x1b]*\x1b?|[ -/]*)\Z")
 _ANSI_TAIL_MAX = 4096
 # Characters of one execution's output text that an `ExecutionResult` keeps (its head and tail).
 DEFAULT_MAX_OUTPUT_CHARS = 16 * 1024 * 1024
@@ -265,7 +262,7 @@ class AnsiStripper:
         if not self._held and "\x1b" not in text:
             return text  # nothing to strip (most output): no regular expression runs over it
         text = strip_ansi(self._held + text)
-        tail = _ANSI_TAIL.search(text)
+        tail = ANSI_TAIL.search(text)
         if tail is not None and len(text) - tail.start() <= _ANSI_TAIL_MAX:
             self._held = text[tail.start() :]
             return text[: tail.start()]
