@@ -278,3 +278,26 @@ def test_approve_tool_calls_and_otel_reach_the_executor_and_bad_timeouts_are_ref
         with pytest.raises(SystemExit):
             parse_args(["--workspace", str(tmp_path), "--approval-timeout", bad])
         assert "--approval-timeout" in capsys.readouterr().err
+
+
+def test_the_idle_timeout_and_the_session_cap_are_parsed_and_bad_values_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ipybox.mcp_server._cli import parse_args
+
+    http = ["--workspace", str(tmp_path), "--transport", "streamable-http"]
+    args = parse_args(http)
+    assert args.session_timeout == 3600 and args.max_sessions is None
+    assert parse_args([*http, "--session-idle-timeout", "none"]).session_timeout is None
+    assert parse_args([*http, "--session-timeout", "90", "--max-sessions", "4"]).session_timeout == 90
+    for bad in (
+        ["--max-sessions", "0"],
+        ["--session-idle-timeout", "soon"],
+        ["--session-idle-timeout", "-1"],
+    ):
+        with pytest.raises(SystemExit):
+            parse_args([*http, *bad])
+    assert "at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--workspace", str(tmp_path), "--max-sessions", "4"])
+    assert "only with --transport streamable-http" in capsys.readouterr().err

@@ -14,11 +14,11 @@ from pathlib import Path
 MIB = 1024 * 1024
 
 SESSION_BYTES = 256 * MIB
-"""What one MCP session is budgeted. Measured on Linux with psutil (PSS of the session's process
-tree): an idle session (its kernel and its share of the gateway) takes about 64 MB; a kernel that
-has imported numpy and pandas and holds a few data frames takes 150 to 250 MB more. 256 MiB covers
-a session that does ordinary data work; one that loads large data takes more, which the reserve
-absorbs for a few of them."""
+"""What one MCP session is budgeted. Measured with psutil as the PSS of the server's process tree
+(``ipybox --transport streamable-http``, not sandboxed, on a 2-core Linux machine): an idle
+session, its gateway and kernel, takes about 77 MB; importing numpy and holding a 32 MB array
+added 37 MB. 256 MiB, about three idle sessions, leaves room for ordinary data work; a session
+that loads more takes more, which the reserve absorbs for a few of them."""
 
 MIN_RESERVE_BYTES = 512 * MIB
 """The least memory left to everything else (the server, the system, other programs)."""
