@@ -16,6 +16,7 @@ from mcp.shared.exceptions import MCPError
 
 from tests.mcp_server.support import connected, run, text_of, wait_until
 from tests.mcp_server.test_http import TOKEN, HttpServer, start_server, stop_server
+from tests.sandbox_support import require_sandbox
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -44,11 +45,15 @@ def _alive(processes: set[psutil.Process]) -> set[psutil.Process]:
     return alive
 
 
+@pytest.mark.parametrize("sandbox", [False, True], ids=["plain", "sandboxed"])
 @pytest.mark.slow
 async def test_an_idle_session_is_closed_with_its_processes_and_a_returning_client_is_told_why(
-    tmp_path: Path,
+    tmp_path: Path, sandbox: bool
 ) -> None:
-    with _server(tmp_path, "--session-idle-timeout", "1", "--max-sessions", "1") as server:
+    if sandbox:
+        require_sandbox()
+    options = ["--session-idle-timeout", "1", "--max-sessions", "1", *(["--sandbox"] if sandbox else [])]
+    with _server(tmp_path, *options) as server:
         async with connected(server.url, url_token=TOKEN) as idle:
             # The executor started with the server is this session's: all the server runs.
             processes = _tree(server)
@@ -70,7 +75,8 @@ async def test_an_idle_session_is_closed_with_its_processes_and_a_returning_clie
 @pytest.mark.slow
 async def test_a_running_cell_keeps_its_session_open_past_the_idle_timeout(tmp_path: Path) -> None:
     go = tmp_path / "go"
-    with _server(tmp_path, "--session-idle-timeout", "3", "--log-level", "INFO") as server:
+    # 5 s: far longer than the client takes between two requests, however loaded the machine.
+    with _server(tmp_path, "--session-idle-timeout", "5", "--log-level", "INFO") as server:
         async with connected(server.url, url_token=TOKEN) as client:
             assert text_of(await run(client, "kept = 'state'; kept")) == "'state'"
             # The cell runs until the server has seen its idle time pass while it ran.
