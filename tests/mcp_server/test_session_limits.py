@@ -101,9 +101,9 @@ def capped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer]:
 async def test_the_server_says_on_stderr_what_it_starts_and_when_it_is_ready(capped: HttpServer) -> None:
     log = capped.log.read_text()
     assert "starting the kernel for the first session ..." in log
-    assert "the kernel for the first session ready in" in log
+    assert "the kernel for the first session is ready (" in log
     assert "at most 1 open at once" in log and "idle ones closed after 3600 s" in log
-    assert log.index("ready in") < log.index("listening on")
+    assert log.index("is ready (") < log.index("listening on")
 
 
 async def test_one_session_over_the_cap_is_refused_clearly_until_one_closes(capped: HttpServer) -> None:

@@ -21,4 +21,4 @@ def stage(what: str) -> Iterator[None]:
     announce(f"starting {what} ...")
     started = time.monotonic()
     yield
-    announce(f"{what} ready in {time.monotonic() - started:.1f} s")
+    announce(f"{what} is ready ({time.monotonic() - started:.1f} s)")

@@ -55,15 +55,15 @@ class SessionTable:
     A session's executor is owned by the task that handles the session's
     ``notifications/initialized``: it starts the executor (or takes the one started with
     the server) and waits until the session ends, when the SDK cancels its tasks and the
-    executor stops, or until it is idle for the `limits`' idle timeout, when it stops the
-    executor and closes the session. Only that task adds the session's entry, and it removes it when it ends
-    (an executor that failed to start keeps its entry, with the error, until then). A
-    second ``notifications/initialized`` of a session is ignored.
+    executor stops, or until the session is idle for the `limits`' idle timeout, when it stops
+    the executor and closes the session. Only that task adds the session's entry, and it
+    removes it when it ends (an executor that failed to start keeps its entry, with the error,
+    until then). A second ``notifications/initialized`` of a session is ignored.
     """
 
     def __init__(self, settings: Settings, limits: SessionLimits | None = None) -> None:
         self.settings = settings
-        self.limits = limits or SessionLimits(idle_timeout=None, max_sessions=0)
+        self.limits = limits or SessionLimits(idle_timeout=None)
         self._entries: dict[str, _Entry] = {}
         self._warm: ToolSession | None = None
         self._registered = asyncio.Condition()

@@ -74,9 +74,11 @@ class SessionLimits:
     Args:
         idle_timeout: Seconds a session may be idle before it is closed; `None` never closes one.
         max_sessions: The most sessions open at once (the SDK enforces it; this words its refusal).
+
+    The owner of a session calls `until_idle`, then stops the session's executor, then calls `close`.
     """
 
-    def __init__(self, idle_timeout: float | None, max_sessions: int) -> None:
+    def __init__(self, idle_timeout: float | None, max_sessions: int | None = None) -> None:
         self.idle_timeout = idle_timeout
         self.max_sessions = max_sessions
         self._activity: dict[str, _Activity] = {}
@@ -158,30 +160,23 @@ class SessionLimits:
             while True:
                 activity.changed.clear()
                 remaining = activity.last + timeout - time.monotonic()
-                if activity.busy:
-                    if remaining > 0:
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(remaining):
-                                await activity.changed.wait()
-                        continue
-                    if not told:
-                        logger.info(
-                            "MCP session %s: its idle time passed while a request was in flight; kept open.",
-                            session_id,
-                        )
-                        told = True
-                    await activity.changed.wait()
-                    continue
-                told = False
                 if remaining > 0:
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(remaining):
                             await activity.changed.wait()
                     continue
-                if cell_running():
-                    logger.info("MCP session %s has no request in flight but runs a cell: kept.", session_id)
+                if activity.busy or cell_running():
+                    if not told:
+                        logger.info(
+                            "MCP session %s: its idle time passed while a request was in flight or a cell "
+                            "ran; kept open.",
+                            session_id,
+                        )
+                        told = True
+                    # A request's end is signalled; a cell's (one may run with no request in
+                    # flight) is looked for, and a cell seen running counts as activity.
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(min(timeout, _BUSY_RECHECK)):
+                        async with asyncio.timeout(_BUSY_RECHECK):
                             await activity.changed.wait()
                     if cell_running():
                         activity.last = time.monotonic()
