@@ -280,3 +280,55 @@ def test_approve_tool_calls_and_otel_reach_the_executor_and_bad_timeouts_are_ref
         with pytest.raises(SystemExit):
             parse_args(["--workspace", str(tmp_path), "--approval-timeout", bad])
         assert "--approval-timeout" in capsys.readouterr().err
+
+
+def test_the_idle_timeout_and_the_session_cap_are_parsed_and_bad_values_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ipybox.mcp_server._cli import parse_args
+
+    http = ["--workspace", str(tmp_path), "--transport", "streamable-http"]
+    args = parse_args(http)
+    assert args.session_timeout == 3600 and args.max_sessions is None
+    assert parse_args([*http, "--session-idle-timeout", "none"]).session_timeout is None
+    assert parse_args([*http, "--session-timeout", "90", "--max-sessions", "4"]).session_timeout == 90
+    for bad in (
+        ["--max-sessions", "0"],
+        ["--session-idle-timeout", "soon"],
+        ["--session-idle-timeout", "-1"],
+    ):
+        with pytest.raises(SystemExit):
+            parse_args([*http, *bad])
+    assert "at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["--workspace", str(tmp_path), "--max-sessions", "4"])
+    assert "only with --transport streamable-http" in capsys.readouterr().err
+
+
+async def test_a_session_whose_cell_runs_with_no_request_in_flight_is_not_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ipybox.mcp_server import _session_limits
+
+    monkeypatch.setattr(_session_limits, "_BUSY_RECHECK", 0.01)
+    limits = _session_limits.SessionLimits(idle_timeout=0.01)
+    looked: list[bool] = []
+
+    def cell_running() -> bool:
+        # The cell (one waiting for an approval over the 2026 protocol) runs for three looks.
+        looked.append(len(looked) < 3)
+        return looked[-1]
+
+    await asyncio.wait_for(limits.until_idle("s", cell_running), timeout=30)
+    # Closed only once it was seen not running; the session's id then answers with the reason.
+    assert looked[-1] is False and looked.count(True) == 3
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    app = limits.wrap(cast(Any, None))
+    await app(
+        {"type": "http", "method": "POST", "headers": [(b"mcp-session-id", b"s")]}, cast(Any, None), send
+    )
+    assert sent[0]["status"] == 404 and b"closed after 0.01 s without requests" in sent[1]["body"]

@@ -209,6 +209,11 @@ class CodeExecutor:
         return self._registry
 
     @property
+    def busy(self) -> bool:
+        """Whether a cell is running (or waiting to run) now."""
+        return self._lock.locked()
+
+    @property
     def session_id(self) -> str:
         """The id of the current session in the audit trail (each start() begins one)."""
         return self._oversight.session_id

@@ -17,6 +17,7 @@ from typing import Any
 from ipybox.app._policy import Policy, load_policy
 from ipybox.errors import IpyboxError, PolicyError
 from ipybox.mcp_server._server import Settings, SingleSession, build_server
+from ipybox.mcp_server._session_limits import DEFAULT_IDLE_TIMEOUT
 
 _DESCRIPTION = """\
 Run ipybox as an MCP server. An agent (Claude Code, Claude Desktop, any MCP client) gets
@@ -120,12 +121,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="with streamable-http: another Host name clients may use (e.g. behind a proxy); repeatable",
     )
     parser.add_argument(
+        "--session-idle-timeout",
         "--session-timeout",
-        type=float,
-        default=3600,
+        dest="session_timeout",
+        type=_seconds_or_none,
+        default=DEFAULT_IDLE_TIMEOUT,
         metavar="SECONDS",
-        help="with streamable-http: close a session (and stop its kernel) after this long without "
-        "requests; 0 never does (default: 3600)",
+        help="with streamable-http: close a session and stop its kernel after this long without requests "
+        "or a running cell (a client coming back is told so); 0 or none never does (default: 3600)",
+    )
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        metavar="N",
+        help="with streamable-http: the most sessions open at once; the next client is refused with an "
+        "error until one ends (default: as many as the available memory holds, 256 MiB each after a reserve)",
     )
     parser.add_argument(
         "--shared-workspace",
@@ -185,19 +195,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.port != 8000
         or args.host != "127.0.0.1"
         or args.allow_host
-        or args.session_timeout != 3600
+        or args.session_timeout != DEFAULT_IDLE_TIMEOUT
+        or args.max_sessions is not None
         or args.shared_workspace
     )
     if args.transport == "stdio" and http_only:
         parser.error(
-            "--host, --port, --allow-host, --session-timeout and --shared-workspace apply only with "
-            "--transport streamable-http (over stdio the one session works in the workspace itself)."
+            "--host, --port, --allow-host, --session-idle-timeout, --max-sessions and --shared-workspace apply "
+            "only with --transport streamable-http (over stdio the one session works in the workspace itself)."
         )
-    if args.session_timeout < 0 or not math.isfinite(args.session_timeout):
-        parser.error(f"--session-timeout {args.session_timeout:g}: give a number of seconds, or 0 for never.")
+    if args.session_timeout is not None and (
+        args.session_timeout < 0 or not math.isfinite(args.session_timeout)
+    ):
+        parser.error(
+            f"--session-idle-timeout {args.session_timeout:g}: give a number of seconds, or 0 (or none) for never."
+        )
+    if args.max_sessions is not None and args.max_sessions < 1:
+        parser.error(f"--max-sessions {args.max_sessions}: give a number of sessions, at least 1.")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: give a port between 1 and 65535, or 0 for a free one.")
     return args
+
+
+def _seconds_or_none(text: str) -> float | None:
+    """A number of seconds; ``none`` (or 0, given as such) for never."""
+    if text.strip().lower() in ("none", "never", "off"):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (or none)") from None
 
 
 def _read_policy(parser: argparse.ArgumentParser, path: Path, workspace: Path) -> Policy:
@@ -267,9 +294,10 @@ def main(argv: list[str] | None = None) -> None:
                         host=args.host,
                         port=args.port,
                         allowed_hosts_extra=args.allow_host,
-                        # 0 means never: the SDK takes None for no idle timeout.
+                        # 0 means never, as None does.
                         session_timeout=args.session_timeout or None,
                         shared_workspace=args.shared_workspace,
+                        max_sessions=args.max_sessions,
                     )
                 )
     except IpyboxError as exc:
@@ -297,9 +325,14 @@ def _start_tracing() -> Any:
 async def _serve_stdio(settings: Settings) -> None:
     from mcp.server.stdio import stdio_server
 
+    from ipybox.mcp_server._announce import announce, stage
     from ipybox.mcp_server._stdio import stdio_pipes
 
-    async with settings.session() as tools, stdio_pipes() as (stdin, stdout):
+    async with contextlib.AsyncExitStack() as stack:
+        with stage(f"the {'sandboxed ' if settings.sandbox else ''}kernel"):
+            tools = await stack.enter_async_context(settings.session())
+        announce("serving MCP over stdin/stdout")
+        stdin, stdout = await stack.enter_async_context(stdio_pipes())
         server = build_server(SingleSession(tools))
         async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())

@@ -23,15 +23,17 @@ from mcp.shared.exceptions import MCPError
 
 from ipybox._infra import Guard, Uvicorn, listen
 from ipybox._wire import UserEnv
+from ipybox.app._capacity import max_sessions_for_memory
+from ipybox.mcp_server._announce import announce, stage
 from ipybox.mcp_server._files import MAX_FILE_BYTES
 from ipybox.mcp_server._server import Settings, build_server
+from ipybox.mcp_server._session_limits import DEFAULT_IDLE_TIMEOUT, SessionLimits
 from ipybox.mcp_server._tools import ToolSession
 
 logger = logging.getLogger(__name__)
 
 TOKEN_ENV = UserEnv.MCP_TOKEN
 MCP_PATH = "/mcp"
-_MAX_SESSIONS = 32
 # The SDK refuses request bodies over 4 MiB with 413; an upload_file call carries its file in
 # base64 (4 characters per 3 bytes), so the body must hold the documented file limit encoded,
 # plus the JSON-RPC envelope. A file over the limit then gets the tool's own clear error.
@@ -53,13 +55,15 @@ class SessionTable:
     A session's executor is owned by the task that handles the session's
     ``notifications/initialized``: it starts the executor (or takes the one started with
     the server) and waits until the session ends, when the SDK cancels its tasks and the
-    executor stops. Only that task adds the session's entry, and it removes it when it ends
-    (an executor that failed to start keeps its entry, with the error, until then). A
-    second ``notifications/initialized`` of a session is ignored.
+    executor stops, or until the session is idle for the `limits`' idle timeout, when it stops
+    the executor and closes the session. Only that task adds the session's entry, and it
+    removes it when it ends (an executor that failed to start keeps its entry, with the error,
+    until then). A second ``notifications/initialized`` of a session is ignored.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, limits: SessionLimits | None = None) -> None:
         self.settings = settings
+        self.limits = limits or SessionLimits(idle_timeout=None)
         self._entries: dict[str, _Entry] = {}
         self._warm: ToolSession | None = None
         self._registered = asyncio.Condition()
@@ -94,6 +98,7 @@ class SessionTable:
             return
         entry = self._entries[session_id] = _Entry()
         tools: ToolSession | None = None
+        idle = False
         try:
             async with self._registered:
                 self._registered.notify_all()
@@ -109,8 +114,9 @@ class SessionTable:
             except Exception as exc:  # broad: whatever stopped the start is handed to the session's calls
                 logger.error("The executor of MCP session %s could not start: %s", session_id, exc)
                 entry.ready.set_exception(exc)
-            # Until the session ends; its tool calls get the executor, or the error.
-            await anyio.sleep_forever()
+            # Until the session ends or is idle; its tool calls get the executor, or the error.
+            await self.limits.until_idle(session_id, lambda: tools is not None and tools.executor.busy)
+            idle = True
         finally:
             if self._entries.get(session_id) is entry:
                 del self._entries[session_id]
@@ -119,6 +125,9 @@ class SessionTable:
             if tools is not None:
                 with anyio.CancelScope(shield=True):
                     await tools.executor.stop()
+            if idle:
+                with anyio.CancelScope(shield=True):
+                    await self.limits.close(session_id, MCP_PATH)
 
     async def get(self, ctx: ServerRequestContext[Any]) -> ToolSession:
         """The tools of the session `ctx` belongs to, once its executor is up."""
@@ -168,12 +177,15 @@ async def serve_http(
     host: str,
     port: int,
     allowed_hosts_extra: list[str] | None = None,
-    session_timeout: float | None = 3600,
+    session_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
     shared_workspace: bool = False,
+    max_sessions: int | None = None,
 ) -> None:
     """Serve MCP over streamable HTTP on ``http://host:port/mcp`` until cancelled.
 
-    A session without requests for `session_timeout` seconds is closed and its kernel stopped.
+    A session without requests or running cells for `session_timeout` seconds is closed and its
+    executor stopped (`SessionLimits`); at most `max_sessions` are open at once (by default, as
+    many as the available memory holds: `max_sessions_for_memory`).
     Each session works in a new folder of its own inside ``<workspace>/sessions``, kept when it
     ends; with `shared_workspace`, all work in the workspace itself.
     """
@@ -181,8 +193,11 @@ async def serve_http(
     generated = not token
     if generated:
         token = secrets.token_urlsafe(32)
+    if max_sessions is None:
+        max_sessions = max_sessions_for_memory()
+    limits = SessionLimits(session_timeout, max_sessions)
     sessions = SessionTable(
-        dataclasses.replace(settings, spare_kernel=False, session_folders=not shared_workspace)
+        dataclasses.replace(settings, spare_kernel=False, session_folders=not shared_workspace), limits
     )
     server = build_server(sessions, handshake_only=True)
     server.add_notification_handler("notifications/initialized", types.NotificationParams, sessions.own)
@@ -190,9 +205,10 @@ async def serve_http(
     app = server.streamable_http_app(
         streamable_http_path=MCP_PATH,
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-        max_sessions=_MAX_SESSIONS,
+        max_sessions=max_sessions,
         max_request_body_size=MAX_REQUEST_BYTES,
-        session_idle_timeout=session_timeout,
+        # Only a backstop, for sessions that never initialized: `limits` closes the others first.
+        session_idle_timeout=2 * session_timeout if session_timeout else None,
         host=host,
     )
     serve_sessions = app.router.lifespan_context
@@ -221,7 +237,8 @@ async def serve_http(
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, main.cancel)
     try:
-        await sessions.warm_up()
+        with stage(f"the {'sandboxed ' if settings.sandbox else ''}kernel for the first session"):
+            await sessions.warm_up()
     except BaseException:
         sock.close()
         raise
@@ -231,7 +248,7 @@ async def serve_http(
     bound_port = sock.getsockname()[1]
     hosts = allowed_hosts(host, bound_port, allowed_hosts_extra or [])
     guarded = Guard(
-        app,
+        limits.wrap(app),
         token=token,
         allowed_hosts=hosts,
         hint=f" (${TOKEN_ENV} where the server runs, or the token it printed at start)",
@@ -252,6 +269,10 @@ async def serve_http(
             file=sys.stderr,
             flush=True,
         )
+    idle = f"idle ones closed after {session_timeout:g} s" if session_timeout else "never closed when idle"
+    announce(
+        f"sessions: at most {max_sessions} open at once (--max-sessions), {idle} (--session-idle-timeout)"
+    )
     if generated:
         print(f"ipybox: bearer token (set {TOKEN_ENV} to choose one): {token}", file=sys.stderr, flush=True)
     uvicorn_server = Uvicorn(

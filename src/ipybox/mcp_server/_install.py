@@ -32,7 +32,7 @@ import shlex
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -173,8 +173,10 @@ class Installer:
             hosts = list(dict.fromkeys([*hosts, *_PYPI_HOSTS]))
         return hosts
 
-    async def install(self, package: str, timeout: float = 600) -> str:
-        """Install `package` and return the installer's output.
+    async def install(
+        self, package: str, timeout: float = 600, on_output: Callable[[str], None] | None = None
+    ) -> str:
+        """Install `package` and return the installer's output (also given to `on_output` as it comes).
 
         Raises:
             InstallError: If the requirement is refused, or the installer failed or timed out.
@@ -187,7 +189,7 @@ class Installer:
         try:
             if self.sandboxed:
                 command = self._sandboxed(command, private, cache)
-            return await self._run(command, package, private, timeout)
+            return await self._run(command, package, private, timeout, on_output)
         finally:
             shutil.rmtree(private, ignore_errors=True)
 
@@ -212,7 +214,14 @@ class Installer:
             [srt, "--settings", str(settings_file), "-c", f"exec {shlex.join(command)}"]
         )
 
-    async def _run(self, command: list[str], package: str, private: Path, timeout: float) -> str:
+    async def _run(
+        self,
+        command: list[str],
+        package: str,
+        private: Path,
+        timeout: float,
+        on_output: Callable[[str], None] | None,
+    ) -> str:
         try:
             process = await asyncio.create_subprocess_exec(
                 *command,
@@ -224,16 +233,22 @@ class Installer:
             )
         except OSError as exc:
             raise InstallError(f"Could not run the installer {command[0]!r}: {exc}") from exc
+        chunks: list[bytes] = []
         try:
             async with asyncio.timeout(timeout):
-                output, _ = await process.communicate()
+                assert process.stdout is not None
+                while chunk := await process.stdout.read(4096):
+                    chunks.append(chunk)
+                    if on_output is not None:
+                        on_output(chunk.decode(errors="replace"))
+                await process.wait()
         except BaseException:
             if process.returncode is None:
                 process.kill()
                 with anyio.CancelScope(shield=True):
                     await process.wait()
             raise
-        text = output.decode(errors="replace").strip()
+        text = b"".join(chunks).decode(errors="replace").strip()
         if len(text) > _OUTPUT_LIMIT:
             text = "[...]\n" + text[-_OUTPUT_LIMIT:]
         if process.returncode != 0:

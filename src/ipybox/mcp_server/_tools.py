@@ -10,7 +10,9 @@ import base64
 import contextlib
 import dataclasses
 import functools
+import logging
 import mimetypes
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
@@ -37,6 +39,8 @@ from ipybox.mcp_server import _elicit, _files, _search
 from ipybox.mcp_server._cell_answers import Progress, _CellAnswers, _error, _report_progress, _text
 from ipybox.mcp_server._declare import Declared, declare
 from ipybox.mcp_server._install import Installer, InstallError
+
+logger = logging.getLogger(__name__)
 
 MCPTOOLS_DIR = "mcptools"
 _MIN_OUTPUT_CHARS = 200
@@ -299,14 +303,32 @@ class ToolSession(_CellAnswers):
                 description="One requirement: 'name', 'name==1.2', 'name[extra]>=1', or 'git+https://...'."
             ),
         ],
+        *,
+        progress: Progress | None = None,
     ) -> types.CallToolResult:
-        """Install `package_name` and make it importable in the running kernel."""
-        try:
-            log = await self.installer.install(package_name)
-        except InstallError as exc:
-            return _error(str(exc))
-        except TimeoutError:
-            return _error(f"Installing {package_name!r} did not finish within 10 minutes and was stopped.")
+        """Install `package_name` and make it importable in the running kernel; progress reports
+        the installer's latest output line."""
+        output = KeptText(DEFAULT_MAX_OUTPUT_CHARS)
+        failure: str | None = None
+        log = ""
+        started = time.monotonic()
+        logger.info("Installing %r for the kernel", package_name)
+        async with anyio.create_task_group() as tasks:
+            if progress is not None:
+                await progress(0, f"installing {package_name}")
+                tasks.start_soon(_report_progress, progress, output)
+            try:
+                log = await self.installer.install(package_name, on_output=output.append)
+            except InstallError as exc:
+                failure = str(exc)
+            except TimeoutError:
+                failure = f"Installing {package_name!r} did not finish within 10 minutes and was stopped."
+            finally:
+                tasks.cancel_scope.cancel()
+        if failure is not None:
+            logger.info("Installing %r failed after %.1f s", package_name, time.monotonic() - started)
+            return _error(failure)
+        logger.info("Installed %r in %.1f s", package_name, time.monotonic() - started)
         await self._run_quietly("import importlib as _il\n_il.invalidate_caches()\ndel _il\n")
         last = log.splitlines()[-1] if log else ""
         return types.CallToolResult(content=[_text(f"Installed {package_name}. {last}".strip())])
