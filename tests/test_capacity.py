@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+# private-ok: unit tests of the internal rule the MCP server and the pool size themselves by.
 from ipybox.app._capacity import MIB, available_memory, max_sessions_for_memory
 
 
