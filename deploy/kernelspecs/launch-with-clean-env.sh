@@ -4,10 +4,13 @@
 #
 #   launch-with-clean-env.sh PYTHON LAUNCHER [ARGS...]
 #
-# Both launchers copy their whole environment into the kernel container, and a gateway starts
-# them with its own: its auth token (KG_AUTH_TOKEN), cloud credentials, whatever its host set.
-# Code in the kernel is hostile; with the token it could open every other session's kernel
-# through the gateway's API. So only these pass: PATH (the launcher drops it from the container),
+# Both launchers copy their whole environment into the kernel container. Enterprise Gateway 3.3 and
+# Kernel Gateway 3 already start them with only PATH, the KERNEL_* variables of the request and what
+# the operator lets through (EG_INHERITED_ENVS, KG's env_process_whitelist): checked, the gateway's
+# token does not reach the container without this wrapper either. The wrapper makes that hold
+# whatever the gateway's configuration lets through (its token, cloud credentials): code in the
+# kernel is hostile, and with the token it could open every other session's kernel through the
+# gateway's API. So only these pass: PATH (the launcher drops it from the container),
 # KERNEL_* (what the gateway and the client set for this kernel: id, image, uid, username, ...),
 # the launchers' own (EG_/GP_) DOCKER_NETWORK, DOCKER_MODE and REMOVE_CONTAINER, and the Docker
 # client's DOCKER_HOST, DOCKER_TLS_VERIFY and DOCKER_CERT_PATH (paths and flags, no secrets).
