@@ -11,10 +11,10 @@
 #
 #   bash scripts/test-remote-docker.sh [PYTEST_ARGS...]
 #
-# The containers are on an internal Docker network (no route off it) and a firewall chain on its
-# bridge lets them reach exactly one thing on the host: the gateway's response port (8877 for EG,
-# 8878 for gateway-provisioners) on the host's address in that network, where the launcher sends
-# the kernel's (encrypted) connection details. The gateways connect to the kernels' ports in the
+# The containers are on an internal Docker network (no route off it, no traffic between its
+# containers) and a firewall chain on its bridge lets them reach exactly one thing on the host:
+# the gateway's response port (8877 for EG, 8878 for gateway-provisioners) on the host's address
+# in that network, where the launcher sends the kernel's (encrypted) connection details. The gateways connect to the kernels' ports in the
 # containers, never the other way round. No IPv6 on the bridge. The kernel spec's launcher runs
 # with a cleaned environment (deploy/kernelspecs/launch-with-clean-env.sh): the gateway's token
 # never reaches a container.
@@ -199,10 +199,12 @@ spec["metadata"]["kernel_provisioner"]["config"]["launch_timeout"] = 120
 (spec_dir / "kernel.json").write_text(json.dumps(spec, indent=2))
 EOF
 
-# 5. The kernels' network: internal (no route off it), no IPv6, and of the host only the two
-#    gateways' response ports on the host's address in it.
+# 5. The kernels' network: internal (no route off it), no traffic between its containers (one
+#    session's kernel cannot reach another's), no IPv6, and of the host only the two gateways'
+#    response ports on the host's address in it.
 docker network rm "$network" >/dev/null 2>&1 || true
-docker network create --internal --opt "com.docker.network.bridge.name=$bridge" "$network" >/dev/null \
+docker network create --internal --opt "com.docker.network.bridge.name=$bridge" \
+    --opt com.docker.network.bridge.enable_icc=false "$network" >/dev/null \
     || skip "the Docker network $network could not be created"
 host_ip="$(docker network inspect -f '{{(index .IPAM.Config 0).Gateway}}' "$network")"
 [ -n "$host_ip" ] || skip "the Docker network $network has no gateway address"

@@ -246,3 +246,37 @@ async def test_kernel_code_in_a_container_finds_no_trace_of_the_gateways_token(
         """)
     )
     assert output == "[] []\n"
+
+
+async def test_a_kernel_in_a_container_cannot_reach_another_sessions_kernel(gateway: NetnsGateway) -> None:
+    """Attack: connect from one session's kernel to a port another session's kernel listens on.
+
+    Kernels beside one gateway share its host; in containers each has its own address, and the
+    network lets only the gateway reach them.
+    """
+    if gateway.kernel_host_address is None:
+        pytest.skip("the kernels run beside the gateway, on one host")
+    async with (
+        RemoteKernel(gateway.url, Recorder(), token=gateway.token) as attacker,
+        RemoteKernel(gateway.url, Recorder(), token=gateway.token) as victim,
+    ):
+        address = await victim.execute(
+            textwrap.dedent("""
+            import socket
+            victim_listener = socket.create_server(("0.0.0.0", 0))
+            # The container's address in the kernels' network (Docker writes it in /etc/hosts).
+            print(socket.gethostbyname(socket.gethostname()), victim_listener.getsockname()[1])
+            """)
+        )
+        ip, port = address.split()
+        output = await attacker.execute(
+            textwrap.dedent(f"""
+            import socket
+            try:
+                socket.create_connection(({ip!r}, {port}), timeout=5).close()
+                print("reached")
+            except OSError as exc:
+                print("blocked", type(exc).__name__)
+            """)
+        )
+    assert output.startswith("blocked"), output
