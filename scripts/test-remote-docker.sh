@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Tests kernels in Docker containers through two real gateways, with the remote test cases
-# (tests/test_remote_channel.py, and every module using tests/remote_support.py's `gateway`):
+# Tests kernels in Docker containers through two real gateways, with the remote test cases (every
+# test module that imports tests/remote_support.py's `gateway` fixture, e.g. test_remote_channel.py):
 #   - eg-docker: Jupyter Enterprise Gateway 3.3 (its own environment, as scripts/test-remote.sh
 #     makes it, plus the `docker` client) with its DockerProcessProxy; kernel image
 #     ipybox-kernel:eg (ipykernel 6, EG's launcher vendored in deploy/eg-launchers);
@@ -223,13 +223,15 @@ sysctl -qw "net.ipv6.conf.$bridge.disable_ipv6=1" 2>/dev/null || true
 ip6tables -I INPUT -i "$bridge" -j DROP 2>/dev/null || true
 say "kernels on $network ($bridge); of the host they reach only $host_ip:$eg_port and $host_ip:$gp_port"
 
-# 6. The remote cases against both.
+# 6. The remote cases against both: every test module that imports tests/remote_support.py's
+#    `gateway` fixture (on its `from tests.remote_support import ...` line).
+mapfile -t modules < <(grep -lE '^from tests\.remote_support import .*\bgateway\b' tests/test_*.py)
 status=0
 IPYBOX_TEST_GATEWAYS=eg-docker,kg-docker \
     IPYBOX_TEST_EG_PYTHON="$eg_venv/bin/python" \
     IPYBOX_TEST_KG_DOCKER_PYTHON="$kg_venv/bin/python" \
     IPYBOX_TEST_DOCKER_NETWORK="$network" \
     IPYBOX_TEST_DOCKER_HOST_IP="$host_ip" \
-    uv run --frozen pytest tests/test_remote_channel.py -p no:cacheprovider "$@" || status=$?
+    uv run --frozen pytest "${modules[@]}" -p no:cacheprovider "$@" || status=$?
 say "done in $((SECONDS - started_at)) s"
 exit "$status"

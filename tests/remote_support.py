@@ -2,7 +2,8 @@
 
 The `gateway` fixture (module scope) yields a `NetnsGateway`: the URL and token of a running gateway
 to connect to, whose default kernel spec starts a kernel apart from this process. Test modules use
-it by importing it (``from tests.remote_support import gateway``). Which gateways it runs against is
+it by importing it on a line ``from tests.remote_support import ..., gateway`` (that is how
+``scripts/test-remote-docker.sh`` finds the modules to run). Which gateways it runs against is
 chosen by ``IPYBOX_TEST_GATEWAYS``, a comma-separated list of these kinds (default
 ``kg-netns,eg-netns``; a kind whose parts are missing is skipped with the reason):
 
