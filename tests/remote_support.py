@@ -1,11 +1,37 @@
-"""A gateway on a "remote host": its own network namespace, reached through one forwarded port.
+"""Gateways on a "remote host" for the remote test cases, and the `gateway` fixture that picks them.
 
-`gateway_in_netns` starts a gateway command inside ``unshare --net --mount --pid``: the namespace
-has only its own loopback (no route to the host's network), a private ``/tmp`` and Jupyter runtime
-folder, and its own process tree (every process in it dies with it). The gateway listens on the
-namespace's loopback; one Unix socket, alone in a folder outside ``/tmp``, carries that one port out,
-and ``socat`` on the host turns it into a TCP port on the host's loopback. Nothing in the namespace
-can open a connection to the host: the socket only forwards connections from the host in.
+The `gateway` fixture (module scope) yields a `NetnsGateway`: the URL and token of a running gateway
+to connect to, whose default kernel spec starts a kernel apart from this process. Test modules use
+it by importing it on a line ``from tests.remote_support import ..., gateway`` (that is how
+``scripts/test-remote-docker.sh`` finds the modules to run). Which gateways it runs against is
+chosen by ``IPYBOX_TEST_GATEWAYS``, a comma-separated list of these kinds (default
+``kg-netns,eg-netns``; a kind whose parts are missing is skipped with the reason):
+
+- ``kg-netns``: a plain Jupyter Kernel Gateway from ipybox's environment (ipykernel 7), in a network
+  namespace of its own (below).
+- ``eg-netns``: Jupyter Enterprise Gateway 3.3 (ipykernel 6), in a network namespace of its own;
+  needs ``IPYBOX_TEST_EG_PYTHON``, the Python of its environment (``scripts/test-remote.sh``).
+- ``eg-docker``: Enterprise Gateway 3.3 on this host, starting each kernel in a Docker container
+  through its ``DockerProcessProxy`` (kernel spec ``ipybox_docker``, ipykernel 6).
+- ``kg-docker``: Kernel Gateway 3 with gateway-provisioners 0.5 on this host, starting each kernel
+  in a Docker container through its ``DockerProvisioner`` (kernel spec ``ipybox_docker``,
+  ipykernel 7).
+
+The Docker kinds need what ``scripts/test-remote-docker.sh`` sets up: ``IPYBOX_TEST_EG_PYTHON`` /
+``IPYBOX_TEST_KG_DOCKER_PYTHON`` (each gateway's environment, with the kernel spec installed),
+``IPYBOX_TEST_DOCKER_NETWORK`` (an internal Docker network) and ``IPYBOX_TEST_DOCKER_HOST_IP`` (the
+host's address on it, where the gateway's response port listens: 8877 for Enterprise Gateway, 8878
+for gateway-provisioners; the script's firewall lets the containers reach nothing else of the host).
+For them `NetnsGateway.kernel_host_address` is that address; it is None where the kernel runs
+beside the gateway.
+
+The namespace kinds: `gateway_in_netns` starts a gateway command inside ``unshare --net --mount
+--pid``: the namespace has only its own loopback (no route to the host's network), a private
+``/tmp`` and Jupyter runtime folder, and its own process tree (every process in it dies with it).
+The gateway listens on the namespace's loopback; one Unix socket, alone in a folder outside
+``/tmp``, carries that one port out, and ``socat`` on the host turns it into a TCP port on the
+host's loopback. Nothing in the namespace can open a connection to the host: the socket only
+forwards connections from the host in.
 """
 
 from __future__ import annotations
@@ -14,6 +40,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +51,7 @@ from pathlib import Path
 
 import httpx2
 import psutil
+import pytest
 
 # The port inside the namespace: the namespace is private, so a fixed port cannot collide.
 INNER_PORT = 8888
@@ -74,6 +102,9 @@ class NetnsGateway:
     url: str
     token: str
     log: Path
+    # The host's address as the kernels see it, where kernels run apart from the gateway's host
+    # (Docker containers); None where they run beside the gateway.
+    kernel_host_address: str | None = None
 
     def log_tail(self, lines: int = 40) -> str:
         """The end of the gateway's output, for failure messages."""
@@ -201,16 +232,12 @@ def _wait_ready(gateway: NetnsGateway, inner: subprocess.Popen[bytes], timeout: 
     with httpx2.Client(timeout=5.0) as client:
         while time.monotonic() < deadline:
             if inner.poll() is not None:
-                raise RuntimeError(
-                    f"the gateway in the namespace exited ({inner.returncode}):\n{gateway.log_tail()}"
-                )
+                raise RuntimeError(f"the gateway exited ({inner.returncode}):\n{gateway.log_tail()}")
             with contextlib.suppress(httpx2.HTTPError):
                 if client.get(f"{gateway.url}/api/kernelspecs", headers=headers).status_code == 200:
                     return
             time.sleep(0.1)
-    raise RuntimeError(
-        f"the gateway in the namespace did not answer within {timeout} s:\n{gateway.log_tail()}"
-    )
+    raise RuntimeError(f"the gateway did not answer within {timeout} s:\n{gateway.log_tail()}")
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
@@ -224,3 +251,132 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, 9)
         process.wait(timeout=10)
+
+
+# The kinds of gateway the `gateway` fixture knows, and the default selection.
+GATEWAY_KINDS = ("kg-netns", "eg-netns", "eg-docker", "kg-docker")
+DEFAULT_GATEWAYS = "kg-netns,eg-netns"
+# The kernel spec that the Docker kinds' gateways start by default (scripts/test-remote-docker.sh).
+DOCKER_KERNEL_NAME = "ipybox_docker"
+# The response ports on the host's address in the kernels' Docker network: the only ports of the
+# host that the containers may reach.
+EG_RESPONSE_PORT = 8877
+GP_RESPONSE_PORT = 8878
+# A container start on a loaded 2-core machine, the launcher's handshake included.
+DOCKER_LAUNCH_TIMEOUT = 120
+
+
+def selected_gateways() -> list[str]:
+    """The gateway kinds chosen by ``IPYBOX_TEST_GATEWAYS`` (default `DEFAULT_GATEWAYS`).
+
+    Raises:
+        ValueError: The variable names a kind that does not exist.
+    """
+    kinds = [
+        k.strip() for k in os.environ.get("IPYBOX_TEST_GATEWAYS", DEFAULT_GATEWAYS).split(",") if k.strip()
+    ]
+    unknown = sorted(set(kinds) - set(GATEWAY_KINDS))
+    if unknown:
+        raise ValueError(
+            f"IPYBOX_TEST_GATEWAYS names unknown gateway kinds {unknown}; choose from {', '.join(GATEWAY_KINDS)}"
+        )
+    return kinds
+
+
+@pytest.fixture(scope="module", params=selected_gateways())
+def gateway(request: pytest.FixtureRequest) -> Iterator[NetnsGateway]:
+    """A running gateway of each kind that ``IPYBOX_TEST_GATEWAYS`` selects (module docstring)."""
+    with running_gateway(request.param) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def running_gateway(kind: str) -> Iterator[NetnsGateway]:
+    """Start a gateway of `kind` (one of `GATEWAY_KINDS`); skip the test where its parts are missing."""
+    if kind in ("kg-netns", "eg-netns"):
+        reason = netns_unavailable()
+        if reason is not None:
+            pytest.skip(f"no gateway can run in a network namespace here: {reason}")
+        if kind == "kg-netns":
+            argv = kernel_gateway_argv(sys.executable)
+        else:
+            argv = enterprise_gateway_argv(_required_env("IPYBOX_TEST_EG_PYTHON", "scripts/test-remote.sh"))
+        with gateway_in_netns(argv) as running:
+            yield running
+        return
+    host_ip = _required_env("IPYBOX_TEST_DOCKER_HOST_IP", "scripts/test-remote-docker.sh")
+    network = _required_env("IPYBOX_TEST_DOCKER_NETWORK", "scripts/test-remote-docker.sh")
+    if kind == "eg-docker":
+        python = _required_env("IPYBOX_TEST_EG_PYTHON", "scripts/test-remote-docker.sh")
+        argv = enterprise_gateway_argv(python)
+        env = {
+            "EG_DOCKER_NETWORK": network,
+            "EG_RESPONSE_IP": host_ip,
+            "EG_RESPONSE_PORT": str(EG_RESPONSE_PORT),
+            "EG_RESPONSE_PORT_RETRIES": "0",
+            "EG_KERNEL_LAUNCH_TIMEOUT": str(DOCKER_LAUNCH_TIMEOUT),
+        }
+    else:
+        python = _required_env("IPYBOX_TEST_KG_DOCKER_PYTHON", "scripts/test-remote-docker.sh")
+        argv = kernel_gateway_argv(python)
+        env = {
+            # As Enterprise Gateway, gateway-provisioners refuses kernels for root by default.
+            "GP_UNAUTHORIZED_USERS": "nobody",
+            "GP_DOCKER_NETWORK": network,
+            "GP_RESPONSE_IP": host_ip,
+            "GP_RESPONSE_PORT": str(GP_RESPONSE_PORT),
+            "GP_RESPONSE_PORT_RETRIES": "0",
+        }
+    argv = [*argv, f"--MappingKernelManager.default_kernel_name={DOCKER_KERNEL_NAME}"]
+    with gateway_on_host(argv, env, kernel_host_address=host_ip) as running:
+        yield running
+
+
+def _required_env(name: str, script: str) -> str:
+    value = os.environ.get(name, "")
+    if not value:
+        pytest.skip(f"{name} is not set; `bash {script}` sets up this gateway")
+    return value
+
+
+@contextlib.contextmanager
+def gateway_on_host(
+    argv: list[str],
+    env: dict[str, str],
+    kernel_host_address: str | None = None,
+    start_timeout: float = START_TIMEOUT,
+) -> Iterator[NetnsGateway]:
+    """Run the gateway command `argv` on this host's loopback, with `env` added; yield where to reach it.
+
+    `argv` listens on `INNER_PORT`; that is replaced by a free port of the host's loopback.
+
+    Raises:
+        RuntimeError: The gateway did not answer ``GET /api/kernelspecs`` within `start_timeout` seconds.
+    """
+    token = secrets.token_urlsafe(24)
+    port = _free_port()
+    argv = [arg.replace(f".port={INNER_PORT}", f".port={port}") for arg in argv]
+    state = Path(tempfile.mkdtemp(prefix="ipybox-gateway-", dir="/var/tmp"))
+    log = state / "gateway.log"
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, state, True)
+        log_file = stack.enter_context(log.open("wb"))
+        process = subprocess.Popen(
+            argv,
+            env={**os.environ, **env, "KG_AUTH_TOKEN": token, "JUPYTER_RUNTIME_DIR": str(state / "runtime")},
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        stack.callback(_stop, process)
+        gateway = NetnsGateway(
+            url=f"http://127.0.0.1:{port}", token=token, log=log, kernel_host_address=kernel_host_address
+        )
+        _wait_ready(gateway, process, start_timeout)
+        yield gateway
+
+
+def _free_port() -> int:
+    with socket.create_server(("127.0.0.1", 0)) as probe:
+        return int(probe.getsockname()[1])

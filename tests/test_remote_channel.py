@@ -1,10 +1,11 @@
 """Tool calls from a kernel on a "remote host", over the kernel's own stdin channel (prototype).
 
-The gateway runs in a network namespace of its own, reached through one forwarded port
-(tests/remote_support.py): the kernel reaches nothing but the gateway, so every answer travels over
-the gateway's WebSocket. Runs against a plain Jupyter Kernel Gateway (ipykernel 7, from ipybox's
-environment) and, when ``IPYBOX_TEST_EG_PYTHON`` names the Python of an Enterprise Gateway 3.3
-environment (``bash scripts/test-remote.sh`` makes one), against Enterprise Gateway (ipykernel 6).
+The kernel reaches nothing but its gateway, so every answer travels over the gateway's WebSocket.
+The gateways are those that ``IPYBOX_TEST_GATEWAYS`` selects (tests/remote_support.py): by default
+a plain Jupyter Kernel Gateway (ipykernel 7) and, when ``IPYBOX_TEST_EG_PYTHON`` names the Python of
+an Enterprise Gateway 3.3 environment (``bash scripts/test-remote.sh`` makes one), Enterprise
+Gateway (ipykernel 6), each in a network namespace of its own; ``bash scripts/test-remote-docker.sh``
+adds both gateways starting kernels in Docker containers.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import tempfile
 import textwrap
 from collections.abc import AsyncIterator, Iterator
@@ -26,37 +26,15 @@ import pytest
 from ipybox.app._remote_channel import RemoteKernel, RemoteToolCall
 from ipybox.errors import ToolRunnerError
 from ipybox.kernel._remote_channel import PROMPT_PREFIX
-from tests.remote_support import (
-    NetnsGateway,
-    enterprise_gateway_argv,
-    gateway_in_netns,
-    kernel_gateway_argv,
-    netns_unavailable,
-)
+from tests.remote_support import NetnsGateway, gateway
+
+__all__ = ["gateway"]  # the fixture, chosen by IPYBOX_TEST_GATEWAYS (tests/remote_support.py)
 
 pytestmark = pytest.mark.slow
 
 # The kernel side, importable in a kernel whose environment lacks ipybox (Enterprise Gateway's).
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PREAMBLE = f"import json, sys\nsys.path.insert(0, {SRC!r})\nfrom ipybox.kernel import _remote_channel as rc\n"
-
-
-@pytest.fixture(scope="module", params=["kernel-gateway", "enterprise-gateway"])
-def gateway(request: pytest.FixtureRequest) -> Iterator[NetnsGateway]:
-    reason = netns_unavailable()
-    if reason is not None:
-        pytest.skip(f"no gateway can run in a network namespace here: {reason}")
-    if request.param == "kernel-gateway":
-        argv = kernel_gateway_argv(sys.executable)
-    else:
-        eg_python = os.environ.get("IPYBOX_TEST_EG_PYTHON", "")
-        if not eg_python:
-            pytest.skip(
-                "IPYBOX_TEST_EG_PYTHON is not set; `bash scripts/test-remote.sh` installs Enterprise Gateway"
-            )
-        argv = enterprise_gateway_argv(eg_python)
-    with gateway_in_netns(argv) as running:
-        yield running
 
 
 class Recorder:
@@ -209,16 +187,26 @@ def host_tmp_file() -> Iterator[Path]:
 
 
 async def test_the_kernel_reaches_neither_the_hosts_network_nor_its_tmp(
-    kernel: tuple[RemoteKernel, Recorder], host_tmp_file: Path
+    kernel: tuple[RemoteKernel, Recorder], gateway: NetnsGateway, host_tmp_file: Path
 ) -> None:
-    """What the remote cases rest on: the only way out of the kernel is the gateway's WebSocket."""
+    """What the remote cases rest on: the only way out of the kernel is the gateway's WebSocket.
+
+    A kernel in a container also tries a port of the host's that listens on the host's address in
+    the kernels' network: of the host, only the gateway's response port is open to it there.
+    """
     remote, _ = kernel
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        host_port = listener.getsockname()[1]
+    with (
+        socket.create_server(("127.0.0.1", 0)) as listener,
+        # A service of the host's on its address in the kernels' network (where there is one).
+        socket.create_server((gateway.kernel_host_address or "127.0.0.1", 0)) as on_host,
+    ):
+        targets = [("127.0.0.1", listener.getsockname()[1]), ("10.0.2.2", 80), ("1.1.1.1", 53)]
+        if gateway.kernel_host_address is not None:
+            targets.append((gateway.kernel_host_address, on_host.getsockname()[1]))
         output = await remote.execute(
             textwrap.dedent(f"""
             import os, socket
-            for address in [("127.0.0.1", {host_port}), ("10.0.2.2", 80), ("1.1.1.1", 53)]:
+            for address in {targets!r}:
                 try:
                     socket.create_connection(address, timeout=5).close()
                     print("reached", address)
@@ -228,5 +216,70 @@ async def test_the_kernel_reaches_neither_the_hosts_network_nor_its_tmp(
             """)
         )
     lines = output.splitlines()
-    assert len(lines) == 4 and all(line.startswith("blocked") for line in lines[:3]), output
-    assert lines[3] == "host tmp visible: False"
+    assert len(lines) == len(targets) + 1, output
+    assert all(line.startswith("blocked") for line in lines[:-1]), output
+    assert lines[-1] == "host tmp visible: False"
+
+
+async def test_kernel_code_in_a_container_finds_no_trace_of_the_gateways_token(
+    kernel: tuple[RemoteKernel, Recorder], gateway: NetnsGateway
+) -> None:
+    """Attack: read the gateway's token from the kernel's environment (its launcher copies its own).
+
+    With the token, kernel code could open any other session's kernel through the gateway's API.
+    Only where the kernel runs apart from the gateway (a container) can it be kept from the kernel:
+    beside the gateway, the kernel's process can read the gateway's.
+    """
+    if gateway.kernel_host_address is None:
+        pytest.skip("the kernel runs beside the gateway, whose environment it can read")
+    remote, _ = kernel
+    output = await remote.execute(
+        textwrap.dedent(f"""
+        import os
+        seen = [name for name, value in os.environ.items() if {gateway.token!r} in value]
+        for pid in os.listdir("/proc"):
+            if pid.isdigit():
+                try:
+                    with open(f"/proc/{{pid}}/environ", "rb") as env:
+                        if {gateway.token!r}.encode() in env.read():
+                            seen.append(pid)
+                except OSError:
+                    pass
+        print(seen, sorted(name for name in os.environ if name.startswith(("KG_", "JUPYTER_GATEWAY"))))
+        """)
+    )
+    assert output == "[] []\n"
+
+
+async def test_a_kernel_in_a_container_cannot_reach_another_sessions_kernel(gateway: NetnsGateway) -> None:
+    """Attack: connect from one session's kernel to a port another session's kernel listens on.
+
+    Kernels beside one gateway share its host; in containers each has its own address, and the
+    network lets only the gateway reach them.
+    """
+    if gateway.kernel_host_address is None:
+        pytest.skip("the kernels run beside the gateway, on one host")
+    async with (
+        RemoteKernel(gateway.url, Recorder(), token=gateway.token) as attacker,
+        RemoteKernel(gateway.url, Recorder(), token=gateway.token) as victim,
+    ):
+        address = await victim.execute(
+            textwrap.dedent("""
+            import socket
+            victim_listener = socket.create_server(("0.0.0.0", 0))
+            # The container's address in the kernels' network (Docker writes it in /etc/hosts).
+            print(socket.gethostbyname(socket.gethostname()), victim_listener.getsockname()[1])
+            """)
+        )
+        ip, port = address.split()
+        output = await attacker.execute(
+            textwrap.dedent(f"""
+            import socket
+            try:
+                socket.create_connection(({ip!r}, {port}), timeout=5).close()
+                print("reached")
+            except OSError as exc:
+                print("blocked", type(exc).__name__)
+            """)
+        )
+    assert output.startswith("blocked"), output
