@@ -79,6 +79,10 @@ class KernelGateway:
             `sandbox_config` says, except `working_dir` when it lies inside one.
         registry_dir: The folder of the trusted registry, which a sandboxed kernel can never
             write (``None``: that of this user's registry).
+        per_kernel_env: Variables each kernel's create request may set (a pool gives each kernel
+            its own folders this way); all others come from `env` alone.
+        tools_base: A pool's folder of per-kernel tool folders: a sandboxed kernel whose
+            ``TOOL_SERVER_SOCKET`` names a socket in one of them may read that folder.
     """
 
     def __init__(
@@ -97,7 +101,11 @@ class KernelGateway:
         max_processes: int | None = None,
         sandbox_hidden: tuple[Path, ...] = (),
         registry_dir: Path | None = None,
+        per_kernel_env: tuple[str, ...] = (),
+        tools_base: Path | None = None,
     ) -> None:
+        self.per_kernel_env = per_kernel_env
+        self.tools_base = tools_base
         if sandbox_config is not None and not sandbox:
             raise ValueError(
                 f"sandbox_config={str(sandbox_config)!r} was given without sandbox=True; the kernel would run "
@@ -250,7 +258,12 @@ class KernelGateway:
                 _sandbox.make_placeholders(self.working_dir, self._jupyter_dir)
             sandboxing = (
                 SandboxSetup(
-                    self._srt, self._sandbox_config, self.working_dir, self.sandbox_hidden, self.registry_dir
+                    self._srt,
+                    self._sandbox_config,
+                    self.working_dir,
+                    self.sandbox_hidden,
+                    self.registry_dir,
+                    self.tools_base,
                 )
                 if self.sandbox
                 else None
@@ -418,6 +431,8 @@ class KernelGateway:
         # The gateway hands a kernel PATH plus the variables whitelisted here when the
         # create request carries an "env" object (KernelClient always sends one).
         env["KG_ENV_PROCESS_WHITELIST"] = ",".join(kernel_env)
+        if self.per_kernel_env:
+            env["KG_ENV_WHITELIST"] = ",".join(self.per_kernel_env)
         env["PYTHONUNBUFFERED"] = "1"
         env[GatewayEnv.EXIT_WITH_PARENT] = "1"
         env.update(self._limits.gateway_env())

@@ -57,6 +57,8 @@ class SandboxSetup:
     working_dir: Path
     hidden: tuple[Path, ...]
     registry_dir: Path
+    # A pool's folder of per-kernel tool folders (each kernel's named by its own environment).
+    tools_base: Path | None = None
 
 
 def write_kernel_spec(
@@ -155,6 +157,8 @@ def _sandboxed(
         "working_dir": str(working_dir),
         "prefix": limits.launcher([]),
     }
+    if sandbox.tools_base is not None:
+        launch["tools_base"] = str(sandbox.tools_base)
     launcher = Path(_kernel_launch.__file__).resolve()
     command = [
         sys.executable,

@@ -42,6 +42,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at every kernel start
     from typing import Any
 
+# ipybox._wire.ToolServerEnv.SOCKET; this script cannot import ipybox (a test checks they agree).
+TOOL_SERVER_SOCKET = "TOOL_SERVER_SOCKET"
 SETTINGS_SUFFIX = ".srt-settings.json"
 """The kernel's own srt settings are its folder's path with this suffix."""
 _PR_SET_PDEATHSIG = 1
@@ -91,6 +93,15 @@ def _private_folders(spec: dict[str, Any], connection_file: str) -> tuple[str, s
     own = folder + SETTINGS_SUFFIX  # beside the folder, out of the kernel's sight
     filesystem["allowWrite"] = [path for path in filesystem["allowWrite"] if path != shared] + [folder]
     filesystem["denyWrite"] = [*filesystem["denyWrite"], own]
+    tools_base = spec.get("tools_base")
+    socket = os.environ.get(TOOL_SERVER_SOCKET, "")
+    if tools_base and socket:
+        # A pooled kernel: its tool server's socket is linked into a folder of its own, made by the
+        # pool before the kernel and readable (never writable) by this kernel alone.
+        tools = os.path.dirname(socket)
+        if os.path.dirname(tools) != tools_base or os.path.islink(tools):
+            raise RuntimeError(f"the tool server socket {socket} is not in a folder of the pool's")
+        filesystem.setdefault("allowRead", []).append(tools)
     partial = own + ".partial"
     with open(partial, "w") as file:
         json.dump(settings, file)
