@@ -103,12 +103,15 @@ found = {{}}
 # Its own tool server address is its own; the victim's token is nowhere in its environment.
 found["token_in_env"] = target["token"] in json.dumps(dict(os.environ))
 found["own_token"] = os.environ.get("TOOL_SERVER_TOKEN") == target["token"]
-# Call the victim's tool server with the token this kernel was given.
-try:
-    ToolRunner("demo", {{}}, port=target["port"], socket_path=target["socket"]).run_sync("echo", {{"text": "stolen"}})
-    found["call"] = "ran"
-except Exception as exc:
-    found["call"] = type(exc).__name__ + ": " + str(exc)[:200]
+# Call the victim's tool server with the token this kernel was given: over TCP, its socket, the
+# link to that socket in the victim kernel's own folder.
+found["call"] = []
+for socket_path in dict.fromkeys(("", target["socket"] or "", target["kernel_socket"])):
+    try:
+        ToolRunner("demo", {{}}, port=target["port"], socket_path=socket_path).run_sync("echo", {{"text": "stolen"}})
+        found["call"].append("ran")
+    except Exception as exc:
+        found["call"].append(type(exc).__name__ + ": " + str(exc)[:200])
 # Read the victim's private folders and connection file; plant in them.
 for name in ("tmp", "ipython", "connection_file", "socket_dir"):
     path = target[name]
@@ -134,7 +137,8 @@ VICTIM_FACTS = """
 import json, os, tempfile, IPython
 from ipykernel.connect import get_connection_file
 print(json.dumps({"tmp": tempfile.gettempdir(), "ipython": IPython.paths.get_ipython_dir(),
-                  "connection_file": get_connection_file()}))
+                  "connection_file": get_connection_file(),
+                  "kernel_socket": os.environ.get("TOOL_SERVER_SOCKET") or ""}))
 """
 
 
@@ -173,7 +177,7 @@ async def test_a_hostile_kernel_on_a_shared_pool_cannot_reach_another_sessions_t
             found = json.loads((await hostile.execute(ATTACK.format(target=json.dumps(target)))).text or "")
             assert found["token_in_env"] is False
             assert found["own_token"] is False
-            assert found["call"] != "ran", found
+            assert "ran" not in found["call"], found
             if sandbox:
                 # Unsandboxed, a kernel runs as the user and can read what the user can (see the README).
                 for name in ("tmp", "ipython", "connection_file", "socket_dir"):
