@@ -54,6 +54,7 @@ class KernelClient:
             memory (a reset then waits for a kernel to start).
         kernel_source: Where new kernels come from (a `KernelPool`'s hand-out); ``None``: the
             client creates them on the gateway itself.
+        http: An HTTP client for the gateway to use (and leave open) instead of making one.
         max_output_chars: Characters of an execution's output text kept for its
             `ExecutionResult`: beyond that, its first and last halves are kept and the middle
             is dropped with a note (`stream` still yields every chunk as it arrives). This
@@ -71,6 +72,7 @@ class KernelClient:
         spare_kernel: bool = True,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         kernel_source: Callable[[], Awaitable[KernelChannels]] | None = None,
+        http: httpx2.AsyncClient | None = None,
     ) -> None:
         if max_output_chars < 2:
             raise ValueError(f"max_output_chars must be at least 2, not {max_output_chars!r}.")
@@ -82,6 +84,7 @@ class KernelClient:
         self.ping_interval = ping_interval
         self.spare_kernel = spare_kernel
         self._kernel_source = kernel_source
+        self._shared_http = http
         self._http: httpx2.AsyncClient | None = None
         self._kernel: KernelChannels | None = None
         self._spare: asyncio.Task[KernelChannels] | None = None
@@ -124,7 +127,8 @@ class KernelClient:
         """
         if self._kernel is not None:
             return
-        self._http = httpx2.AsyncClient(
+        # Making an HTTP client costs tens of milliseconds (its TLS context): a pool's is shared.
+        self._http = self._shared_http or httpx2.AsyncClient(
             base_url=self._base_url, headers=self._headers, timeout=httpx2.Timeout(30.0, connect=5.0)
         )
         last_error: Exception | None = None
@@ -137,7 +141,8 @@ class KernelClient:
                 if attempt + 1 < retries:
                     await asyncio.sleep(retry_interval)
         else:
-            await self._http.aclose()
+            if self._http is not self._shared_http:
+                await self._http.aclose()
             self._http = None
             raise KernelConnectionError(
                 f"Could not create a kernel on the gateway at {self._base_url} after {retries} tries "
@@ -175,9 +180,9 @@ class KernelClient:
             *closing,
             return_exceptions=True,
         )
-        if self._http is not None:
+        if self._http is not None and self._http is not self._shared_http:
             await self._http.aclose()
-            self._http = None
+        self._http = None
 
     async def reset(self) -> None:
         """Replace the kernel with a fresh one: all variables, imports and definitions are gone.

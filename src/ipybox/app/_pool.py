@@ -97,6 +97,8 @@ class KernelPool:
         size: Kernels kept ready. ``0``: none; each executor then waits for its kernel to start.
         max_starting: Kernels started at once while the pool fills up again (each start takes a
             core for about a second).
+        refill_delay: Seconds without a hand-out before the pool starts kernels to refill itself,
+            so that starting kernels does not slow the executors that just took theirs.
         sandbox: See `CodeExecutor`; the same for the rest.
         sandbox_config: See `CodeExecutor`.
         working_dir: See `CodeExecutor`.
@@ -120,6 +122,7 @@ class KernelPool:
         size: int = 2,
         *,
         max_starting: int = 1,
+        refill_delay: float = 0.5,
         sandbox: bool = False,
         sandbox_config: Path | None = None,
         working_dir: Path | str | None = None,
@@ -140,6 +143,9 @@ class KernelPool:
                 )
         self.size = size
         self.max_starting = max_starting
+        if isinstance(refill_delay, bool) or not isinstance(refill_delay, int | float) or refill_delay < 0:
+            raise ValueError(f"refill_delay must be a number of seconds, at least 0, not {refill_delay!r}.")
+        self.refill_delay = refill_delay
         self._settings = ExecutorSettings(
             kernel_gateway_host=kernel_gateway_host,
             kernel_env=kernel_env if kernel_env is not None else {},
@@ -167,6 +173,7 @@ class KernelPool:
         self._names = itertools.count()
         self._generation = 0
         self._restart_lock = asyncio.Lock()
+        self._refill_timer: asyncio.TimerHandle | None = None
 
     @property
     def settings(self) -> ExecutorSettings:
@@ -243,6 +250,8 @@ class KernelPool:
         self._gateway = self._base = None
         if gateway is None:
             return
+        if self._refill_timer is not None:
+            self._refill_timer.cancel()
         try:
             await self._drop_kernels()
         finally:
@@ -373,6 +382,13 @@ class KernelPool:
             self._starting.add(task)
             task.add_done_callback(self._started)
 
+    def _refill_later(self) -> None:
+        """Refill once hand-outs have paused for `refill_delay`: a kernel starting takes a core and
+        the gateway's attention, which the executor just handed a kernel needs for its first cells."""
+        if self._refill_timer is not None:
+            self._refill_timer.cancel()
+        self._refill_timer = asyncio.get_running_loop().call_later(self.refill_delay, self._refill)
+
     def _started(self, task: asyncio.Task[None]) -> None:
         self._starting.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
@@ -434,7 +450,7 @@ class KernelPool:
                     raise RuntimeError("The kernel pool was stopped.")
         finally:
             self._waiting -= 1
-            self._refill()
+            self._refill_later()
 
     async def _drop_kernels(self) -> None:
         starting = list(self._starting)
@@ -574,6 +590,7 @@ class PooledKernels:
             auth_token=pool._token,
             spare_kernel=False,
             kernel_source=lambda: pool.take(self._address),
+            http=pool._http,
         )
         await client.connect(retries=1)
         return client

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "its own; every session's kernel can then change what the others import and read (one trust domain)",
     )
     parser.add_argument(
+        "--pool",
+        type=int,
+        metavar="N",
+        help="keep N kernels started ahead in one kernel gateway shared by every session, so that a new "
+        "session (and a reset) takes a ready kernel instead of starting one; over streamable-http this "
+        "needs --shared-workspace (sessions in folders of their own need kernels started there)",
+    )
+    parser.add_argument(
         "--approve-tool-calls",
         action="store_true",
         help="put every MCP tool call and shell command a cell makes to the person at the MCP client "
@@ -193,11 +202,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "--host, --port, --allow-host, --session-timeout and --shared-workspace apply only with "
             "--transport streamable-http (over stdio the one session works in the workspace itself)."
         )
+    _check_pool(parser, args)
     if args.session_timeout < 0 or not math.isfinite(args.session_timeout):
         parser.error(f"--session-timeout {args.session_timeout:g}: give a number of seconds, or 0 for never.")
     if not 0 <= args.port <= 65535:
         parser.error(f"--port {args.port}: give a port between 1 and 65535, or 0 for a free one.")
     return args
+
+
+def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.pool is not None and args.pool < 0:
+        parser.error(f"--pool {args.pool}: give a number of kernels to keep ready, 0 or more.")
+    if args.pool is not None and args.transport != "stdio" and not args.shared_workspace:
+        parser.error(
+            "--pool over streamable-http needs --shared-workspace: the pool's kernels all work in the "
+            "workspace, while sessions in folders of their own need a kernel started in theirs."
+        )
 
 
 def _read_policy(parser: argparse.ArgumentParser, path: Path, workspace: Path) -> Policy:
@@ -254,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     provider = _start_tracing() if args.otel else None
     try:
         if args.transport == "stdio":
-            _run(_serve_stdio(settings))
+            _run(_pooled(settings, args.pool, _serve_stdio))
         else:
             from ipybox.mcp_server._http import serve_http
 
@@ -262,14 +282,18 @@ def main(argv: list[str] | None = None) -> None:
             # executors) down, then raises the signal again.
             with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
                 asyncio.run(
-                    serve_http(
+                    _pooled(
                         settings,
-                        host=args.host,
-                        port=args.port,
-                        allowed_hosts_extra=args.allow_host,
-                        # 0 means never: the SDK takes None for no idle timeout.
-                        session_timeout=args.session_timeout or None,
-                        shared_workspace=args.shared_workspace,
+                        args.pool,
+                        lambda pooled: serve_http(
+                            pooled,
+                            host=args.host,
+                            port=args.port,
+                            allowed_hosts_extra=args.allow_host,
+                            # 0 means never: the SDK takes None for no idle timeout.
+                            session_timeout=args.session_timeout or None,
+                            shared_workspace=args.shared_workspace,
+                        ),
                     )
                 )
     except IpyboxError as exc:
@@ -292,6 +316,18 @@ def _start_tracing() -> Any:
             file=sys.stderr,
         )
         raise SystemExit(2) from None
+
+
+async def _pooled(
+    settings: Settings, size: int | None, serve: Callable[[Settings], Coroutine[Any, Any, None]]
+) -> None:
+    """Run `serve` with the settings, on a kernel pool of `size` ready kernels (``--pool``) if given;
+    the pool (its gateway and kernels) stops when `serve` ends."""
+    if size is None:
+        await serve(settings)
+        return
+    async with settings.kernel_pool(size) as pool:
+        await serve(dataclasses.replace(settings, pool=pool))
 
 
 async def _serve_stdio(settings: Settings) -> None:

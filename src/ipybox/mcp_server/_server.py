@@ -21,6 +21,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from ipybox.app._confined import Confined, ConfinedPathError
 from ipybox.app._executor import CodeExecutor
 from ipybox.app._policy import Policy
+from ipybox.app._pool import KernelPool
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
 from ipybox.mcp_server._cell_answers import Progress
@@ -63,6 +64,7 @@ class Settings:
         tracing: Make OpenTelemetry spans (to the global tracer provider).
         policy: Policy rules for the tool calls and shell commands of every session.
         audit: Record every tool call in the audit trail (``ipybox audit``).
+        pool: The kernel pool every session's executor takes its kernels from (``--pool``), if any.
     """
 
     workspace: Path
@@ -77,6 +79,7 @@ class Settings:
     tracing: bool = False
     policy: Policy | None = None
     audit: bool = False
+    pool: KernelPool | None = None
 
     def kernel_env(self, folder: Path | None = None) -> dict[str, str]:
         """The environment of a kernel working in `folder` (default: the workspace): ``HOME``,
@@ -128,6 +131,19 @@ class Settings:
             sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folder != self.workspace else (),
             policy=self.policy,
             audit=self.audit,
+            pool=self.pool,
+        )
+
+    def kernel_pool(self, size: int) -> KernelPool:
+        """A new, unstarted pool of `size` ready kernels for sessions working in the workspace."""
+        return KernelPool(
+            size,
+            kernel_env=self.kernel_env(),
+            sandbox=self.sandbox,
+            sandbox_config=self.sandbox_config,
+            log_level=self.log_level,
+            approve_shell_cmds=self.approve_tool_calls,
+            working_dir=self.workspace,
         )
 
     def installer(self, folder: Path | None = None) -> Installer:
