@@ -193,7 +193,7 @@ class CodeExecutor:
         self._oversight = Oversight(policy, audit, tracing)
         self._registry = registry if registry is not None else default_registry()
         if pool is not None:
-            pool.check(self._settings, self._registry)
+            pool._check(self._settings, self._registry)
         self._pool = pool
         # The parts, made by start() and dropped by stop(); each owns its own lifecycle.
         self._tool_server: ToolServer | None = None
@@ -290,7 +290,7 @@ class CodeExecutor:
             hidden = (trail_dir,) if trail_dir is not None else ()
             kernels: KernelHost | PooledKernels
             if self._pool is not None:
-                kernels = self._pool.kernels(settings, address, tool_server.confine, hidden)
+                kernels = self._pool._kernels_for(settings, address, tool_server.confine, hidden)
             else:
                 kernels = KernelHost(
                     settings,

@@ -264,7 +264,7 @@ class KernelPool:
                 if base is not None:
                     shutil.rmtree(base, ignore_errors=True)
 
-    def check(self, settings: ExecutorSettings, registry: ServerRegistry) -> None:
+    def _check(self, settings: ExecutorSettings, registry: ServerRegistry) -> None:
         """Refuse an executor whose kernels would differ from the pool's.
 
         Raises:
@@ -290,7 +290,7 @@ class KernelPool:
                 + ". Give the executor the pool's settings, or make a pool with these."
             )
 
-    def kernels(
+    def _kernels_for(
         self,
         settings: ExecutorSettings,
         address: ToolServerEnv,
@@ -312,7 +312,7 @@ class KernelPool:
                     )
         return PooledKernels(self, settings, address, on_start)
 
-    async def take(self, address: ToolServerEnv) -> KernelChannels:
+    async def _take(self, address: ToolServerEnv) -> KernelChannels:
         """Hand out a ready kernel (waiting for one if none is), given the tool server `address`.
 
         Raises:
@@ -321,7 +321,7 @@ class KernelPool:
         """
         gateway = self.gateway
         if not gateway.running:
-            await self.restart(self._generation)
+            await self._restart(self._generation)
         kernel = await self._take_ready()
         try:
             setup = {key: value for key, value in address.to_env().items() if key != ToolServerEnv.SOCKET}
@@ -336,7 +336,7 @@ class KernelPool:
         kernel.channels.on_close = lambda: shutil.rmtree(kernel.folder, ignore_errors=True)
         return kernel.channels
 
-    async def restart(self, generation: int) -> None:
+    async def _restart(self, generation: int) -> None:
         """Replace the gateway unless it was replaced since `generation` (once for all executors)."""
         async with self._restart_lock:
             gateway = self.gateway
@@ -353,19 +353,19 @@ class KernelPool:
             self._refill()
 
     @property
-    def generation(self) -> int:
+    def _generation_now(self) -> int:
         """How many times the gateway was replaced."""
         return self._generation
 
     def _new_http(self) -> httpx2.AsyncClient:
         return httpx2.AsyncClient(
             base_url=self.gateway.url,
-            headers=self.headers,
+            headers=self._headers,
             timeout=httpx2.Timeout(30.0, connect=5.0),
         )
 
     @property
-    def headers(self) -> dict[str, str]:
+    def _headers(self) -> dict[str, str]:
         """The headers the gateway requires."""
         return {"Authorization": f"token {self._token}"}
 
@@ -412,7 +412,7 @@ class KernelPool:
                 (folder / name).mkdir(mode=0o700)
             env = {"TMPDIR": str(folder / "tmp"), "IPYTHONDIR": str(folder / "ipython")}
         try:
-            channels = await open_kernel(self._http, gateway.host, gateway.port, self.headers, 10, env)
+            channels = await open_kernel(self._http, gateway.host, gateway.port, self._headers, 10, env)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -546,7 +546,7 @@ class PooledKernels:
         if pool._gateway is None:
             return "The kernel died while running the code, and the kernel pool was stopped."
         gateway = pool.gateway
-        if self._generation == pool.generation and gateway.running:
+        if self._generation == pool._generation_now and gateway.running:
             died = "The kernel died while running the code"
             if gateway.memory_exceeded():
                 died = (
@@ -561,7 +561,7 @@ class PooledKernels:
                 pass  # no working kernel: the gateway itself is gone or broken
         try:
             await client.disconnect(shutdown_kernels=False)
-            await pool.restart(self._generation)
+            await pool._restart(self._generation)
             self._on_start(pool.gateway.confinement)
             fresh = await self._new_client()
         # Broad on purpose: the execution that was hit gets a message saying what to do.
@@ -581,7 +581,7 @@ class PooledKernels:
 
     async def _new_client(self) -> KernelClient:
         pool = self._pool
-        self._generation = pool.generation
+        self._generation = pool._generation_now
         gateway = pool.gateway
         client = KernelClient(
             host=gateway.host,
@@ -589,7 +589,7 @@ class PooledKernels:
             images_dir=self._settings.images_dir,
             auth_token=pool._token,
             spare_kernel=False,
-            kernel_source=lambda: pool.take(self._address),
+            kernel_source=lambda: pool._take(self._address),
             http=pool._http,
         )
         await client.connect(retries=1)
