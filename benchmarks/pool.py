@@ -8,6 +8,10 @@
   additional executor. Without a pool each executor has its own gateway and kernel (no spare kernel,
   as the MCP server's HTTP sessions run); with one, they share the pool's gateway (the pool's ready
   kernels are there in both counts, so they are not counted per session).
+- ``mcp_first_result``: the ``ipybox`` MCP server over streamable HTTP, with ``--pool 2`` and
+  without: opening a new MCP session (initialize) to the result of its first ``execute_ipython_cell``,
+  for sessions after the first (the server starts the first session's executor with itself), each
+  opened once the pool is full again (not timed); median.
 - ``pool_idle``: a started pool of N ready kernels left alone for 60 s: CPU seconds its processes
   (gateway and kernels) used, and their PSS.
 
@@ -18,16 +22,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx2
 import psutil
+from mcp.client import Client
+from mcp.client.streamable_http import streamable_http_client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -136,6 +147,64 @@ async def pss_per_session(sandbox: bool, work: Path, more: int = 5) -> dict[str,
     return results
 
 
+def _kernels_under(pid: int) -> int:
+    count = 0
+    for child in psutil.Process(pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE and "ipykernel_launcher" in " ".join(child.cmdline()):
+                count += 1
+    return count
+
+
+@contextlib.asynccontextmanager
+async def _session(url: str, token: str) -> AsyncIterator[Client]:
+    async with (
+        httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30, read=300)
+        ) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        yield client
+
+
+async def mcp_first_result(pool: int | None, sessions: int) -> list[float]:
+    token = "bench-token"
+    times: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="ipybox-bench-pool-") as folder:
+        workspace = Path(folder)
+        log = workspace / "server.log"
+        env = {**os.environ, "IPYBOX_MCP_TOKEN": token, "IPYBOX_STATE_DIR": str(workspace / ".state")}
+        command = [sys.executable, "-m", "ipybox", "--workspace", str(workspace)]
+        command += ["--transport", "streamable-http", "--port", "0", "--log-level", "ERROR"]
+        command += ["--pool", str(pool)] if pool is not None else []
+        with log.open("wb") as sink:
+            process = subprocess.Popen(  # noqa: ASYNC220 - started once, outside the timed part
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink, env=env
+            )
+        try:
+            url = ""
+            deadline = time.monotonic() + 120
+            while not url and time.monotonic() < deadline:
+                if match := re.search(r"listening on (http://\S+)", log.read_text()):
+                    url = match.group(1)
+                await asyncio.sleep(0.05)
+            async with contextlib.AsyncExitStack() as stack:
+                first = await stack.enter_async_context(_session(url, token))
+                await first.call_tool("execute_ipython_cell", {"code": "x = 1"})
+                for opened in range(1, sessions + 1):
+                    # Every session's kernel, and the pool's ready ones, are up before the next opens.
+                    await _until(lambda opened=opened: _kernels_under(process.pid) >= opened + (pool or 0))
+                    await asyncio.sleep(0.5)
+                    start = time.perf_counter()
+                    client = await stack.enter_async_context(_session(url, token))
+                    await client.call_tool("execute_ipython_cell", {"code": "x = 1"})
+                    times.append(time.perf_counter() - start)
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+    return times
+
+
 async def pool_idle(sandbox: bool, size: int, seconds: float, work: Path) -> dict[str, float]:
     async with KernelPool(size=size, sandbox=sandbox, working_dir=work) as pool:
         await _until(lambda: pool.ready == pool.size)
@@ -187,6 +256,19 @@ async def main() -> None:
                     f"{key} {value:.0f} MB" for key, value in memory.items() if not key.endswith("_mb")
                 )
             )
+        sessions = 3 if args.quick else 6
+        pooled = await mcp_first_result(2, sessions)
+        cold = await mcp_first_result(None, 3 if args.quick else 4)
+        results["mcp_first_result"] = {
+            "pool_ms": statistics.median(pooled) * 1000,
+            "today_ms": statistics.median(cold) * 1000,
+            "runs": len(pooled),
+        }
+        print(
+            f"mcp_first_result (HTTP, unsandboxed): new session to its first cell's result "
+            f"{statistics.median(pooled) * 1000:.0f} ms median with --pool 2 ({len(pooled)} sessions), "
+            f"{statistics.median(cold) * 1000:.0f} ms today ({len(cold)} sessions)"
+        )
         for sandbox in modes:
             name = "sandboxed" if sandbox else "unsandboxed"
             idle = await pool_idle(

@@ -194,6 +194,61 @@ async def test_a_hostile_kernel_on_a_shared_pool_cannot_reach_another_sessions_t
                 assert (await later.execute(check)).text == "None None"
 
 
+PLANT = """
+import os
+found = {{}}
+try:
+    found["listed"] = os.listdir({victim!r})
+except OSError as exc:
+    found["listed"] = type(exc).__name__
+try:
+    with open(os.path.join({victim!r}, "evil_mod.py"), "w") as f:
+        f.write("PWNED = 1")
+    found["planted"] = True
+except OSError:
+    found["planted"] = False
+print(found)
+"""
+
+
+async def test_sandboxed_kernels_in_folders_of_their_own_cannot_plant_on_each_others_import_path(
+    tmp_path: Path,
+) -> None:
+    require_sandbox()
+    root = tmp_path
+    sessions = root / "sessions"
+    sessions.mkdir()
+    names = iter(range(1000))
+
+    def new_folder() -> Path:
+        folder = sessions / f"s{next(names)}"
+        folder.mkdir()
+        return folder
+
+    async with KernelPool(
+        size=2, sandbox=True, working_dir=root, new_folder=new_folder, sandbox_hidden=(sessions,)
+    ) as pool:
+        await _until(lambda: pool.ready == 2)
+        options = {"pool": pool, "sandbox": True, "sandbox_hidden": (sessions,)}
+        victim_dir, hostile_dir = pool.claim(), pool.claim()
+        (victim_dir / "notes.txt").write_text("private")
+        async with (
+            CodeExecutor(working_dir=victim_dir, **options) as victim,  # type: ignore[arg-type]
+            CodeExecutor(working_dir=hostile_dir, **options) as hostile,  # type: ignore[arg-type]
+        ):
+            assert (await victim.execute("import os; print(os.getcwd())")).text == str(victim_dir)
+            assert (await hostile.execute("import os; print(os.getcwd())")).text == str(hostile_dir)
+            found = (await hostile.execute(PLANT.format(victim=str(victim_dir)))).text or ""
+            assert "notes.txt" not in found and not (victim_dir / "evil_mod.py").exists(), found
+            check = "import importlib.util\nprint(importlib.util.find_spec('evil_mod'))"
+            assert (await victim.execute(check)).text == "None"
+            # A reset starts a fresh kernel in the same folder of its own.
+            await victim.reset()
+            assert (await victim.execute("import os; print(open('notes.txt').read(), os.getcwd())")).text == (
+                f"private {victim_dir}"
+            )
+
+
 @pytest.mark.parametrize("sandbox", [False, True], ids=["unsandboxed", "sandboxed"])
 async def test_a_killed_gateway_is_restarted_once_and_every_executor_on_it_recovers(
     tmp_path: Path, sandbox: bool

@@ -10,6 +10,8 @@ import pytest
 
 from ipybox._wire import (
     GatewayEnv,
+    KernelEnv,
+    PoolEnv,
     RunFields,
     ShellAnswerFields,
     ShellFields,
@@ -118,3 +120,5 @@ def test_the_sandboxed_kernel_launcher_reads_the_tool_server_socket_by_its_name(
     from ipybox.gateway import _kernel_launch
 
     assert _kernel_launch.TOOL_SERVER_SOCKET == ToolServerEnv.SOCKET
+    assert _kernel_launch.KERNEL_SETTINGS == PoolEnv.SETTINGS
+    assert _kernel_launch.START_DIR == KernelEnv.START_DIR

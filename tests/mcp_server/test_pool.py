@@ -26,24 +26,24 @@ def _under(process_pid: int, marker: str) -> set[int]:
     return found
 
 
-def test_pool_is_refused_where_it_cannot_serve(tmp_path: Path) -> None:
+def test_a_negative_pool_size_is_refused(tmp_path: Path) -> None:
     from ipybox.mcp_server._cli import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--workspace", str(tmp_path), "--pool", "-1"])
-    with pytest.raises(SystemExit):
-        parse_args(["--workspace", str(tmp_path), "--transport", "streamable-http", "--pool", "2"])
     assert parse_args(["--workspace", str(tmp_path), "--pool", "2"]).pool == 2
 
 
+@pytest.mark.parametrize("shared", [False, True], ids=["session-folders", "shared-workspace"])
 async def test_http_sessions_take_kernels_from_one_pool_on_one_gateway_and_nothing_outlives_the_server(
-    tmp_path: Path,
+    tmp_path: Path, shared: bool
 ) -> None:
     env = {**os.environ, "IPYBOX_MCP_TOKEN": TOKEN}
     workspace = tmp_path / "workspace"
     workspace.mkdir()
+    extra = ["--shared-workspace"] if shared else []
     started = await asyncio.to_thread(
-        start_server, workspace, tmp_path / "server.log", env, "--shared-workspace", "--pool", "2"
+        start_server, workspace, tmp_path / "server.log", env, *extra, "--pool", "2"
     )
     process = psutil.Process(started.process.pid)
     try:
@@ -57,6 +57,12 @@ async def test_http_sessions_take_kernels_from_one_pool_on_one_gateway_and_nothi
             pids = {text_of(await run(client, "import os; os.getpid()")) for client in (first, second)}
             assert len(pids) == 2
             assert len(_under(started.process.pid, "ipybox.gateway._main")) == 1
+            cwds = {text_of(await run(client, "import os; print(os.getcwd())")) for client in (first, second)}
+            if shared:
+                assert cwds == {str(workspace.resolve())}
+            else:  # each in a session folder of its own, made ahead by the pool
+                assert len(cwds) == 2
+                assert all(Path(cwd).parent == (workspace / "sessions").resolve() for cwd in cwds)
             # A reset takes a fresh kernel from the pool.
             assert not (await first.call_tool("reset", {})).is_error
             after = text_of(await run(first, "import os; os.getpid()"))

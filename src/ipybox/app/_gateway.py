@@ -21,7 +21,7 @@ import psutil
 from ipybox._infra import OwnPipes, kill_tree, listen, running, spawn_with_own_pipes
 from ipybox._wire import GatewayEnv, KernelEnv
 from ipybox.app import _sandbox
-from ipybox.app._kernel_spec import KERNEL_NAME, SandboxSetup, write_kernel_spec
+from ipybox.app._kernel_spec import KERNEL_NAME, SandboxSetup, write_kernel_spec, write_sandbox_settings
 from ipybox.app._registry import default_registry_path
 from ipybox.app._shell import KernelConfinement, ShellRunner
 from ipybox.errors import GatewayError, SandboxUnavailableError
@@ -376,6 +376,33 @@ class KernelGateway:
             return KernelConfinement()
         walled = self.env.get(KernelEnv.EXEC_WALL) == "1"
         return dataclasses.replace(self._confined, shell_runner=self._shell_runner() if walled else None)
+
+    def folder_confinement(
+        self, working_dir: Path, env: dict[str, str], settings_file: Path, private_dir: Path
+    ) -> KernelConfinement:
+        """For a pool's kernels working in `working_dir` (not the gateway's), with `env`: write their
+        srt settings to `settings_file` (which the pool names to their launcher), put placeholders
+        for the protected names there (journal in `private_dir`), and return their confinement.
+
+        Raises:
+            RuntimeError: If the gateway is not started, or not sandboxed.
+        """
+        if not self.sandbox or self._jupyter_dir is None:
+            raise RuntimeError("Only a started, sandboxed gateway has kernel settings to write.")
+        _sandbox.make_placeholders(working_dir, private_dir)
+        setup = SandboxSetup(
+            self._srt,
+            self._sandbox_config,
+            working_dir,
+            self.sandbox_hidden,
+            self.registry_dir,
+            self.tools_base,
+        )
+        confined = write_sandbox_settings(settings_file, self._jupyter_dir, env, setup)
+        if self.env.get(KernelEnv.EXEC_WALL) != "1":
+            return confined
+        runner = dataclasses.replace(self._shell_runner(), settings_file=settings_file)
+        return dataclasses.replace(confined, shell_runner=runner)
 
     def _shell_runner(self) -> ShellRunner:
         """A new srt sandbox with the kernels' settings and temporary folder for each approved

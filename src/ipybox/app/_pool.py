@@ -23,7 +23,7 @@ import secrets
 import shutil
 import tempfile
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from types import TracebackType
@@ -32,7 +32,7 @@ from typing import Any, Self
 import httpx2
 import websockets
 
-from ipybox._wire import ToolServerEnv
+from ipybox._wire import KernelEnv, PoolEnv, ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._audit import default_audit_path
 from ipybox.app._gateway import KernelGateway
@@ -48,10 +48,8 @@ __all__ = ["KernelPool"]
 # Settings that make a kernel what it is: an executor on a pool must have the pool's.
 _KERNEL_FIELDS = (
     "kernel_gateway_host",
-    "kernel_env",
     "sandbox",
     "sandbox_config",
-    "working_dir",
     "memory_limit",
     "max_processes",
     "approve_shell_cmds",
@@ -67,12 +65,21 @@ _STOPPED = "The kernel died while running the code, and the executor was stopped
 _WARM_UP = "pass"
 
 
+@dataclass(frozen=True)
+class _Place:
+    """Where a kernel works and with what environment (`kernel_env`)."""
+
+    working_dir: Path
+    env: tuple[tuple[str, str], ...]
+
+
 @dataclass
 class _Kernel:
-    """A ready kernel and its private folder (removed when the kernel ends)."""
+    """A started kernel, its private folder (removed when the kernel ends) and its place."""
 
     channels: KernelChannels
     folder: Path
+    place: _Place
 
 
 class KernelPool:
@@ -112,6 +119,11 @@ class KernelPool:
         log_level: Log level of the gateway.
         registry: The trusted registry whose folder sandboxed kernels can never write; executors on
             the pool must use one in the same folder (default: this user's).
+        new_folder: Makes a new, empty working folder inside `working_dir`: each kernel the pool
+            starts ahead then works in one of its own (for agents that must not share one), and
+            `claim()` hands out such a folder with its ready kernel, for an executor to work in.
+        folder_env: The `kernel_env` of kernels working in a folder (default: `kernel_env`); it
+            must name the same variables as `kernel_env`.
 
     Raises:
         ValueError: If an argument is out of range or of the wrong kind.
@@ -135,6 +147,8 @@ class KernelPool:
         kernel_gateway_host: str = "localhost",
         log_level: str = "WARNING",
         registry: ServerRegistry | None = None,
+        new_folder: Callable[[], Path] | None = None,
+        folder_env: Callable[[Path], Mapping[str, str]] | None = None,
     ) -> None:
         for name, value, least in (("size", size, 0), ("max_starting", max_starting, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
@@ -174,6 +188,13 @@ class KernelPool:
         self._generation = 0
         self._restart_lock = asyncio.Lock()
         self._refill_timer: asyncio.TimerHandle | None = None
+        self._new_folder = new_folder
+        self._folder_env = folder_env
+        # Kernels handed out with their folder by claim(), for the executor that will work there.
+        self._claimed: dict[Path, asyncio.Future[_Kernel]] = {}
+        # Sandboxed kernels working elsewhere than the gateway: their settings file, confinement
+        # and placeholder journal folder, per place (until the gateway is replaced).
+        self._places: dict[_Place, tuple[Path, KernelConfinement, Path]] = {}
 
     @property
     def settings(self) -> ExecutorSettings:
@@ -232,7 +253,12 @@ class KernelPool:
             max_processes=settings.max_processes,
             sandbox_hidden=(*settings.sandbox_hidden, self._trail_dir),
             registry_dir=self._registry_dir,
-            per_kernel_env=(ToolServerEnv.SOCKET,) if settings.sandbox else ("TMPDIR", "IPYTHONDIR"),
+            per_kernel_env=(
+                *((ToolServerEnv.SOCKET, PoolEnv.SETTINGS) if settings.sandbox else ("TMPDIR", "IPYTHONDIR")),
+                KernelEnv.START_DIR,
+                KernelEnv.WORKING_DIR,
+                *settings.kernel_env,
+            ),
             tools_base=base if settings.sandbox else None,
         )
         try:
@@ -257,6 +283,7 @@ class KernelPool:
         finally:
             try:
                 await gateway.stop(timeout=_STOP_GRACE)
+                self._drop_places()
             finally:
                 if self._http is not None:
                     await self._http.aclose()
@@ -277,6 +304,15 @@ class KernelPool:
             for name in _KERNEL_FIELDS
             if getattr(settings, name) != getattr(self._settings, name)
         ]
+        if set(settings.kernel_env) != set(self._settings.kernel_env):
+            differ.append(
+                f"kernel_env names {sorted(settings.kernel_env)} (the pool's: {sorted(self._settings.kernel_env)})"
+            )
+        working_dir = settings.working_dir or Path.cwd().resolve()
+        if not working_dir.is_relative_to(self._settings.working_dir or Path.cwd().resolve()):
+            differ.append(
+                f"working_dir={str(working_dir)!r} (not in the pool's: {str(self._settings.working_dir)!r})"
+            )
         if settings.kernel_gateway_port is not None:
             differ.append(
                 f"kernel_gateway_port={settings.kernel_gateway_port!r} (the pool's gateway picks its own)"
@@ -312,7 +348,7 @@ class KernelPool:
                     )
         return PooledKernels(self, settings, address, on_start)
 
-    async def _take(self, address: ToolServerEnv) -> KernelChannels:
+    async def _take(self, address: ToolServerEnv, place: _Place) -> KernelChannels:
         """Hand out a ready kernel (waiting for one if none is), given the tool server `address`.
 
         Raises:
@@ -322,7 +358,13 @@ class KernelPool:
         gateway = self.gateway
         if not gateway.running:
             await self._restart(self._generation)
-        kernel = await self._take_ready()
+        claimed = self._claimed.pop(place.working_dir, None)
+        if claimed is not None:
+            kernel = await claimed
+        elif place == self._default_place() and self._new_folder is None:
+            kernel = await self._take_ready()
+        else:  # a folder of its own with no kernel ready: one is started for it now
+            kernel = await self._start_kernel(place)
         try:
             setup = {key: value for key, value in address.to_env().items() if key != ToolServerEnv.SOCKET}
             if address.socket is not None:
@@ -344,6 +386,7 @@ class KernelPool:
                 return
             await self._drop_kernels()
             await gateway.stop(timeout=_STOP_GRACE)
+            self._drop_places()
             await gateway.start()
             self._generation += 1
             if self._http is not None:
@@ -378,7 +421,7 @@ class KernelPool:
             and len(self._starting) < self.max_starting
             and (self._failure is None or self._waiting)
         ):
-            task = asyncio.create_task(self._start_kernel())
+            task = asyncio.create_task(self._start_ready())
             self._starting.add(task)
             task.add_done_callback(self._started)
 
@@ -400,7 +443,96 @@ class KernelPool:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def _start_kernel(self) -> None:
+    def _default_place(self) -> _Place:
+        return _Place(self.gateway.working_dir, tuple(sorted(self._settings.kernel_env.items())))
+
+    def _place_of(self, settings: ExecutorSettings) -> _Place:
+        """Where an executor's kernels work: its working directory, with its `kernel_env`."""
+        working_dir = settings.working_dir or self.gateway.working_dir
+        return _Place(working_dir, tuple(sorted(settings.kernel_env.items())))
+
+    def _new_place(self) -> _Place:
+        """The place of the next kernel started ahead: a new folder, or the pool's working directory."""
+        if self._new_folder is None:
+            return self._default_place()
+        folder = Path(self._new_folder()).resolve()
+        env = (
+            dict(self._folder_env(folder))
+            if self._folder_env is not None
+            else dict(self._settings.kernel_env)
+        )
+        return _Place(folder, tuple(sorted(env.items())))
+
+    def _confinement_of(self, place: _Place) -> KernelConfinement:
+        """What the tool server of an executor working at `place` must know of its kernels."""
+        prepared = self._places.get(place)
+        return prepared[1] if prepared is not None else self.gateway.confinement
+
+    def _prepare(self, place: _Place) -> dict[str, str]:
+        """The environment that makes a kernel work at `place` (sandboxed elsewhere than the
+        gateway: settings of its own, written once per place)."""
+        if place == self._default_place():
+            return {}
+        env = {**dict(place.env), KernelEnv.START_DIR: str(place.working_dir)}
+        if self._settings.working_dir is not None:
+            env[KernelEnv.WORKING_DIR] = str(place.working_dir)
+        if self._settings.sandbox:
+            prepared = self._places.get(place)
+            if prepared is None:
+                assert self._base is not None
+                private = Path(tempfile.mkdtemp(prefix="ipybox-jupyter-pool-", dir=_sandbox.private_base()))
+                settings_file = self._base / f"p{next(self._names)}.json"
+                kernel_env = {**self._settings.kernel_settings(), **dict(place.env)}
+                confinement = self.gateway.folder_confinement(
+                    place.working_dir, kernel_env, settings_file, private
+                )
+                prepared = self._places[place] = (settings_file, confinement, private)
+            env[PoolEnv.SETTINGS] = str(prepared[0])
+        return env
+
+    def _drop_places(self) -> None:
+        places, self._places = self._places, {}
+        for _, _, private in places.values():
+            _sandbox.remove_placeholders(private)
+            shutil.rmtree(private, ignore_errors=True)
+
+    def claim(self) -> Path:
+        """Take the folder of a kernel started ahead in a folder of its own (`new_folder`), for an
+        executor made next to work in (its kernel is kept for it); a new folder if none is ready,
+        whose kernel starts now.
+
+        Raises:
+            RuntimeError: If the pool has no `new_folder`, or is not started.
+        """
+        if self._new_folder is None:
+            raise RuntimeError("claim() needs a pool made with new_folder=...")
+        self.gateway  # noqa: B018  # raises when the pool is not started
+        future: asyncio.Future[_Kernel]
+        while self._ready:
+            kernel = self._ready.popleft()
+            if not kernel.channels.dead:
+                future = asyncio.get_running_loop().create_future()
+                future.set_result(kernel)
+                self._claimed[kernel.place.working_dir] = future
+                self._refill_later()
+                return kernel.place.working_dir
+        place = self._new_place()
+        future = asyncio.ensure_future(self._start_kernel(place))
+        future.add_done_callback(lambda task: task.cancelled() or task.exception())
+        self._claimed[place.working_dir] = future
+        self._refill_later()
+        return place.working_dir
+
+    async def _start_ready(self) -> None:
+        gateway = self._gateway
+        kernel = await self._start_kernel(self._new_place())
+        if self._gateway is not gateway:  # stopped or replaced meanwhile
+            await self._close(kernel, shutdown=False)
+            return
+        self._failure = None
+        self._ready.append(kernel)
+
+    async def _start_kernel(self, place: _Place) -> _Kernel:
         assert self._base is not None and self._http is not None and self._gateway is not None
         gateway, base = self._gateway, self._base
         folder = base / f"k{next(self._names)}"
@@ -412,21 +544,18 @@ class KernelPool:
                 (folder / name).mkdir(mode=0o700)
             env = {"TMPDIR": str(folder / "tmp"), "IPYTHONDIR": str(folder / "ipython")}
         try:
+            env.update(self._prepare(place))
             channels = await open_kernel(self._http, gateway.host, gateway.port, self._headers, 10, env)
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        kernel = _Kernel(channels, folder)
+        kernel = _Kernel(channels, folder, place)
         try:
             await _run_hidden(channels, _WARM_UP)
         except BaseException:
             await self._close(kernel, shutdown=True)
             raise
-        if self._gateway is not gateway:  # stopped or replaced meanwhile
-            await self._close(kernel, shutdown=False)
-            return
-        self._failure = None
-        self._ready.append(kernel)
+        return kernel
 
     async def _take_ready(self) -> _Kernel:
         self._waiting += 1
@@ -457,7 +586,13 @@ class KernelPool:
         for task in starting:
             task.cancel()
         await asyncio.gather(*starting, return_exceptions=True)
-        ready, self._ready = list(self._ready), collections.deque()
+        claimed, self._claimed = list(self._claimed.values()), {}
+        for future in claimed:
+            if not future.done():
+                future.cancel()
+        await asyncio.gather(*claimed, return_exceptions=True)
+        ready = [*self._ready, *(f.result() for f in claimed if not f.cancelled() and f.exception() is None)]
+        self._ready = collections.deque()
         await asyncio.gather(
             *(self._close(kernel, shutdown=False) for kernel in ready), return_exceptions=True
         )
@@ -523,8 +658,8 @@ class PooledKernels:
         Raises:
             KernelConnectionError: If no kernel could be had.
         """
-        self._on_start(self._pool.gateway.confinement)
         self._client = await self._new_client()
+        self._on_start(self._pool._confinement_of(self._pool._place_of(self._settings)))
 
     async def stop(self) -> None:
         """Shut this executor's kernel down (the pool's gateway keeps running)."""
@@ -562,8 +697,8 @@ class PooledKernels:
         try:
             await client.disconnect(shutdown_kernels=False)
             await pool._restart(self._generation)
-            self._on_start(pool.gateway.confinement)
             fresh = await self._new_client()
+            self._on_start(pool._confinement_of(pool._place_of(self._settings)))
         # Broad on purpose: the execution that was hit gets a message saying what to do.
         except Exception as error:
             return (
@@ -589,7 +724,7 @@ class PooledKernels:
             images_dir=self._settings.images_dir,
             auth_token=pool._token,
             spare_kernel=False,
-            kernel_source=lambda: pool._take(self._address),
+            kernel_source=lambda: pool._take(self._address, pool._place_of(self._settings)),
             http=pool._http,
         )
         await client.connect(retries=1)

@@ -139,8 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         metavar="N",
         help="keep N kernels started ahead in one kernel gateway shared by every session, so that a new "
-        "session (and a reset) takes a ready kernel instead of starting one; over streamable-http this "
-        "needs --shared-workspace (sessions in folders of their own need kernels started there)",
+        "session takes a ready kernel (in a session folder made ahead for it, over streamable-http) "
+        "instead of starting one",
     )
     parser.add_argument(
         "--approve-tool-calls",
@@ -213,11 +213,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.pool is not None and args.pool < 0:
         parser.error(f"--pool {args.pool}: give a number of kernels to keep ready, 0 or more.")
-    if args.pool is not None and args.transport != "stdio" and not args.shared_workspace:
-        parser.error(
-            "--pool over streamable-http needs --shared-workspace: the pool's kernels all work in the "
-            "workspace, while sessions in folders of their own need a kernel started in theirs."
-        )
 
 
 def _read_policy(parser: argparse.ArgumentParser, path: Path, workspace: Path) -> Policy:
@@ -283,7 +278,8 @@ def main(argv: list[str] | None = None) -> None:
             with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
                 asyncio.run(
                     _pooled(
-                        settings,
+                        # The pool makes the sessions' folders ahead, as the server would.
+                        dataclasses.replace(settings, session_folders=not args.shared_workspace),
                         args.pool,
                         lambda pooled: serve_http(
                             pooled,

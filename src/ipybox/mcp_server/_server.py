@@ -135,7 +135,9 @@ class Settings:
         )
 
     def kernel_pool(self, size: int) -> KernelPool:
-        """A new, unstarted pool of `size` ready kernels for sessions working in the workspace."""
+        """A new, unstarted pool of `size` ready kernels for the sessions: each in a new session
+        folder of its own (`session_folders`), else in the workspace."""
+        folders = self.session_folders
         return KernelPool(
             size,
             kernel_env=self.kernel_env(),
@@ -144,6 +146,9 @@ class Settings:
             log_level=self.log_level,
             approve_shell_cmds=self.approve_tool_calls,
             working_dir=self.workspace,
+            sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folders else (),
+            new_folder=(lambda: new_session_folder(self.workspace)) if folders else None,
+            folder_env=self.kernel_env if folders else None,
         )
 
     def installer(self, folder: Path | None = None) -> Installer:
@@ -157,7 +162,12 @@ class Settings:
 
     async def start_session(self) -> ToolSession:
         """The tools of a new session, on a started executor (a failed start leaves nothing)."""
-        folder = new_session_folder(self.workspace) if self.session_folders else self.workspace
+        if not self.session_folders:
+            folder = self.workspace
+        elif self.pool is not None:
+            folder = self.pool.claim()  # a new session folder whose kernel is ready (or starting)
+        else:
+            folder = new_session_folder(self.workspace)
         executor = self.executor(folder)
         try:
             await executor.start()
