@@ -284,3 +284,37 @@ async def test_a_stopped_pool_leaves_no_process_running(tmp_path: Path) -> None:
         async with CodeExecutor(pool=pool, working_dir=tmp_path) as executor:
             await executor.execute("import subprocess; subprocess.Popen(['sleep', '600'])")
     await _until(lambda: {p.pid for p in psutil.Process().children(recursive=True)} <= before, 30)
+
+
+async def test_approved_shell_commands_of_a_pooled_kernel_run_in_its_own_folder(tmp_path: Path) -> None:
+    require_sandbox()
+    from ipybox import ApprovalRequest, CodeExecutionResult
+
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    names = iter(range(1000))
+
+    def new_folder() -> Path:
+        folder = sessions / f"s{next(names)}"
+        folder.mkdir()
+        return folder
+
+    async with KernelPool(
+        size=1,
+        sandbox=True,
+        working_dir=tmp_path,
+        approve_shell_cmds=True,
+        new_folder=new_folder,
+        sandbox_hidden=(sessions,),
+    ) as pool:
+        folder = pool.claim()
+        options = {"pool": pool, "sandbox": True, "approve_shell_cmds": True, "sandbox_hidden": (sessions,)}
+        async with CodeExecutor(working_dir=folder, **options) as executor:  # type: ignore[arg-type]
+            texts = []
+            async for item in executor.stream("!pwd; touch made.txt"):
+                if isinstance(item, ApprovalRequest):
+                    await item.accept()
+                elif isinstance(item, CodeExecutionResult):
+                    texts.append(item.text)
+            assert texts == [str(folder)]
+            assert (folder / "made.txt").exists()
