@@ -277,11 +277,18 @@ async def test_a_killed_gateway_is_restarted_once_and_every_executor_on_it_recov
             assert len(_gateways()) == 1
 
 
-async def test_a_stopped_pool_leaves_no_process_running(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sandbox", [False, True], ids=["unsandboxed", "sandboxed"])
+async def test_a_stopped_pool_leaves_no_process_running(tmp_path: Path, sandbox: bool) -> None:
+    if sandbox:
+        require_sandbox()
     before = {p.pid for p in psutil.Process().children(recursive=True)}
-    async with KernelPool(size=2, working_dir=tmp_path) as pool:
+    async with KernelPool(size=2, sandbox=sandbox, working_dir=tmp_path) as pool:
         await _until(lambda: pool.ready == 2)
-        async with CodeExecutor(pool=pool, working_dir=tmp_path) as executor:
+        async with CodeExecutor(pool=pool, sandbox=sandbox, working_dir=tmp_path) as executor:
+            await executor.execute(
+                "import threading, time; threading.Thread(target=time.sleep, args=(600,)).start()"
+            )
+            # A process the kernel started, left running when the executor stops.
             await executor.execute("import subprocess; subprocess.Popen(['sleep', '600'])")
     await _until(lambda: {p.pid for p in psutil.Process().children(recursive=True)} <= before, 30)
 
