@@ -314,6 +314,9 @@ async def test_approved_shell_commands_of_a_pooled_kernel_run_in_its_own_folder(
         new_folder=new_folder,
         sandbox_hidden=(sessions,),
     ) as pool:
+        unused = pool.claim()
+        await pool.unclaim(unused)  # no executor will work there: its kernel is shut down
+        assert unused not in pool._claimed
         folder = pool.claim()
         options = {"pool": pool, "sandbox": True, "approve_shell_cmds": True, "sandbox_hidden": (sessions,)}
         async with CodeExecutor(working_dir=folder, **options) as executor:  # type: ignore[arg-type]

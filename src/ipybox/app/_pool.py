@@ -523,6 +523,18 @@ class KernelPool:
         self._refill_later()
         return place.working_dir
 
+    async def unclaim(self, folder: Path) -> None:
+        """Shut down the kernel kept for `folder` by `claim()`, when no executor will take it (its
+        start failed); nothing if there is none."""
+        claimed = self._claimed.pop(Path(folder), None)
+        if claimed is None:
+            return
+        if not claimed.done():
+            claimed.cancel()
+        await asyncio.wait({claimed})
+        if not claimed.cancelled() and claimed.exception() is None:
+            await self._close(claimed.result(), shutdown=True)
+
     async def _start_ready(self) -> None:
         gateway = self._gateway
         kernel = await self._start_kernel(self._new_place())

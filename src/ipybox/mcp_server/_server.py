@@ -172,6 +172,9 @@ class Settings:
         try:
             await executor.start()
         except BaseException:
+            if self.pool is not None and folder != self.workspace:
+                with anyio.CancelScope(shield=True):
+                    await self.pool.unclaim(folder)  # the kernel kept for it, if the start did not take it
             if folder != self.workspace:
                 with contextlib.suppress(OSError):
                     folder.rmdir()  # only if the kernel left nothing in it
