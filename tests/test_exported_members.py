@@ -8,6 +8,7 @@ def test_public_names_are_exported_and_importable() -> None:
         "CodeExecutionError",
         "CodeExecutionResult",
         "CodeExecutor",
+        "KernelPool",
         "generate_mcp_sources",
     ]
     assert ipybox.__all__ == exported

@@ -12,6 +12,8 @@ import pytest
 
 from ipybox._wire import (
     GatewayEnv,
+    KernelEnv,
+    PoolEnv,
     RunFields,
     ShellAnswerFields,
     ShellFields,
@@ -113,3 +115,12 @@ def test_the_limits_launcher_writes_the_name_the_gateway_reads() -> None:
     limits = KernelLimits(memory=None, processes=None)
     limits.groups = {"/sys/fs/cgroup/ipybox-test": {}}
     assert set(limits.gateway_env()) == {GatewayEnv.KERNEL_GROUPS}
+
+
+def test_the_sandboxed_kernel_launcher_reads_the_tool_server_socket_by_its_name() -> None:
+    # ``gateway/_kernel_launch.py`` runs as ``python -I -S <file>`` too.
+    from ipybox.gateway import _kernel_launch
+
+    assert _kernel_launch.TOOL_SERVER_SOCKET == ToolServerEnv.SOCKET
+    assert _kernel_launch.KERNEL_SETTINGS == PoolEnv.SETTINGS
+    assert _kernel_launch.START_DIR == KernelEnv.START_DIR

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ipybox.app._apigen import generate_mcp_sources
     from ipybox.app._approval_client import ApprovalRequest
     from ipybox.app._executor import CodeExecutor
+    from ipybox.app._pool import KernelPool
     from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
     from ipybox.errors import CodeExecutionError
 
@@ -29,6 +30,7 @@ __all__ = [
     "CodeExecutionError",
     "CodeExecutionResult",
     "CodeExecutor",
+    "KernelPool",
     "generate_mcp_sources",
 ]
 
@@ -38,6 +40,7 @@ _EXPORTS = {
     "CodeExecutionError": "ipybox.errors",
     "CodeExecutionResult": "ipybox.app._results",
     "CodeExecutor": "ipybox.app._executor",
+    "KernelPool": "ipybox.app._pool",
     "generate_mcp_sources": "ipybox.app._apigen",
 }
 

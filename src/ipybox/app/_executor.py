@@ -21,6 +21,7 @@ from ipybox.app._kernel_client import ExecutionResult
 from ipybox.app._kernel_host import KernelHost
 from ipybox.app._oversight import Oversight
 from ipybox.app._policy import Policy
+from ipybox.app._pool import KernelPool, PooledKernels
 from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app._settings import ExecutorSettings
@@ -127,12 +128,14 @@ class CodeExecutor:
         registry: The trusted registry of MCP servers the tool server may run (by default this
             user's, ``default_registry()``, found once here); pass the same one to
             ``generate_mcp_sources``. With ``sandbox=True`` the kernel can never write its folder.
+        pool: Take kernels from this `KernelPool` (its gateway, a ready kernel at start and at each
+            reset) instead of starting a gateway; the executor's kernel settings must be the pool's.
 
     The arguments are checked at once and kept, frozen, as `settings`.
 
     Raises:
         ValueError: If an argument is out of range or of the wrong kind (the message names it),
-            or `sandbox_config` is given without ``sandbox=True``.
+            `sandbox_config` is given without ``sandbox=True``, or the settings differ from `pool`'s.
     """
 
     def __init__(
@@ -162,6 +165,7 @@ class CodeExecutor:
         policy: Policy | None = None,
         audit: bool | Path = False,
         registry: ServerRegistry | None = None,
+        pool: KernelPool | None = None,
     ) -> None:
         self._settings = ExecutorSettings(
             tool_server_host=tool_server_host,
@@ -188,9 +192,12 @@ class CodeExecutor:
         # Objects the application keeps, not settings: the live rules, the trail, spans, the registry.
         self._oversight = Oversight(policy, audit, tracing)
         self._registry = registry if registry is not None else default_registry()
+        if pool is not None:
+            pool._check(self._settings, self._registry)
+        self._pool = pool
         # The parts, made by start() and dropped by stop(); each owns its own lifecycle.
         self._tool_server: ToolServer | None = None
-        self._kernels: KernelHost | None = None
+        self._kernels: KernelHost | PooledKernels | None = None
         self._approval: ApprovalClient | None = None
         self._socket_dir: Path | None = None
         # The running execution: one at a time.
@@ -284,14 +291,19 @@ class CodeExecutor:
                 socket=str(tool_server.uds) if tool_server.uds is not None else None,
             )
             # The tool server learns from the gateway, at each of its starts, where kernels write.
-            kernels = KernelHost(
-                settings,
-                {**settings.kernel_settings(), **address.to_env()},
-                on_start=tool_server.confine,
-                # The audit trail's folder too: a sandboxed kernel can neither read nor write it.
-                hidden=(trail_dir,) if trail_dir is not None else (),
-                registry_dir=self._registry.path.parent,
-            )
+            # The audit trail's folder too: a sandboxed kernel can neither read nor write it.
+            hidden = (trail_dir,) if trail_dir is not None else ()
+            kernels: KernelHost | PooledKernels
+            if self._pool is not None:
+                kernels = self._pool._kernels_for(settings, address, tool_server.confine, hidden)
+            else:
+                kernels = KernelHost(
+                    settings,
+                    {**settings.kernel_settings(), **address.to_env()},
+                    on_start=tool_server.confine,
+                    hidden=hidden,
+                    registry_dir=self._registry.path.parent,
+                )
             await kernels.start()
             stack.push_async_callback(kernels.stop)
             approval = ApprovalClient(
@@ -457,7 +469,7 @@ class CodeExecutor:
     async def _run(
         self,
         outputs: AsyncGenerator[str | ExecutionResult, None],
-        kernels: KernelHost,
+        kernels: KernelHost | PooledKernels,
         chunks: bool,
         items: asyncio.Queue[_Item | None],
     ) -> None:
@@ -488,7 +500,7 @@ class CodeExecutor:
         else:
             self._requests.put_nowait(request)
 
-    def _require_started(self) -> tuple[KernelHost, ToolServer]:
+    def _require_started(self) -> tuple[KernelHost | PooledKernels, ToolServer]:
         if self._kernels is None or self._tool_server is None:
             raise RuntimeError("The code executor is not started; call start() or use 'async with'.")
         return self._kernels, self._tool_server

@@ -21,7 +21,7 @@ import psutil
 from ipybox._infra import OwnPipes, kill_tree, listen, running, spawn_with_own_pipes
 from ipybox._wire import GatewayEnv, KernelEnv
 from ipybox.app import _sandbox
-from ipybox.app._kernel_spec import KERNEL_NAME, SandboxSetup, write_kernel_spec
+from ipybox.app._kernel_spec import KERNEL_NAME, SandboxSetup, write_kernel_spec, write_sandbox_settings
 from ipybox.app._registry import default_registry_path
 from ipybox.app._shell import KernelConfinement, ShellRunner
 from ipybox.errors import GatewayError, SandboxUnavailableError
@@ -79,6 +79,10 @@ class KernelGateway:
             `sandbox_config` says, except `working_dir` when it lies inside one.
         registry_dir: The folder of the trusted registry, which a sandboxed kernel can never
             write (``None``: that of this user's registry).
+        per_kernel_env: Variables each kernel's create request may set (a pool gives each kernel
+            its own folders this way); all others come from `env` alone.
+        tools_base: A pool's folder of per-kernel tool folders: a sandboxed kernel whose
+            ``TOOL_SERVER_SOCKET`` names a socket in one of them may read that folder.
     """
 
     def __init__(
@@ -97,7 +101,11 @@ class KernelGateway:
         max_processes: int | None = None,
         sandbox_hidden: tuple[Path, ...] = (),
         registry_dir: Path | None = None,
+        per_kernel_env: tuple[str, ...] = (),
+        tools_base: Path | None = None,
     ) -> None:
+        self.per_kernel_env = per_kernel_env
+        self.tools_base = tools_base
         if sandbox_config is not None and not sandbox:
             raise ValueError(
                 f"sandbox_config={str(sandbox_config)!r} was given without sandbox=True; the kernel would run "
@@ -260,7 +268,12 @@ class KernelGateway:
                 _sandbox.make_placeholders(self.working_dir, self._jupyter_dir)
             sandboxing = (
                 SandboxSetup(
-                    self._srt, self._sandbox_config, self.working_dir, self.sandbox_hidden, self.registry_dir
+                    self._srt,
+                    self._sandbox_config,
+                    self.working_dir,
+                    self.sandbox_hidden,
+                    self.registry_dir,
+                    self.tools_base,
                 )
                 if self.sandbox
                 else None
@@ -375,6 +388,33 @@ class KernelGateway:
         walled = self.env.get(KernelEnv.EXEC_WALL) == "1"
         return dataclasses.replace(self._confined, shell_runner=self._shell_runner() if walled else None)
 
+    def folder_confinement(
+        self, working_dir: Path, env: dict[str, str], settings_file: Path, private_dir: Path
+    ) -> KernelConfinement:
+        """For a pool's kernels working in `working_dir` (not the gateway's), with `env`: write their
+        srt settings to `settings_file` (which the pool names to their launcher), put placeholders
+        for the protected names there (journal in `private_dir`), and return their confinement.
+
+        Raises:
+            RuntimeError: If the gateway is not started, or not sandboxed.
+        """
+        if not self.sandbox or self._jupyter_dir is None:
+            raise RuntimeError("Only a started, sandboxed gateway has kernel settings to write.")
+        _sandbox.make_placeholders(working_dir, private_dir)
+        setup = SandboxSetup(
+            self._srt,
+            self._sandbox_config,
+            working_dir,
+            self.sandbox_hidden,
+            self.registry_dir,
+            self.tools_base,
+        )
+        confined = write_sandbox_settings(settings_file, self._jupyter_dir, env, setup)
+        if self.env.get(KernelEnv.EXEC_WALL) != "1":
+            return confined
+        runner = dataclasses.replace(self._shell_runner(), settings_file=settings_file)
+        return dataclasses.replace(confined, shell_runner=runner)
+
     def _shell_runner(self) -> ShellRunner:
         """A new srt sandbox with the kernels' settings and temporary folder for each approved
         shell command, started as the gateway starts a kernel."""
@@ -429,6 +469,8 @@ class KernelGateway:
         # The gateway hands a kernel PATH plus the variables whitelisted here when the
         # create request carries an "env" object (KernelClient always sends one).
         env["KG_ENV_PROCESS_WHITELIST"] = ",".join(kernel_env)
+        if self.per_kernel_env:
+            env["KG_ENV_WHITELIST"] = ",".join(self.per_kernel_env)
         env["PYTHONUNBUFFERED"] = "1"
         env[GatewayEnv.EXIT_WITH_PARENT] = "1"
         env.update(self._limits.gateway_env())

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn, Self
@@ -52,6 +52,9 @@ class KernelClient:
         auth_token: The gateway's `auth_token`, if it has one.
         spare_kernel: Keep a spare kernel warm for a fast `reset()`; ``False`` saves its
             memory (a reset then waits for a kernel to start).
+        kernel_source: Where new kernels come from (a `KernelPool`'s hand-out); ``None``: the
+            client creates them on the gateway itself.
+        http: An HTTP client for the gateway to use (and leave open) instead of making one.
         max_output_chars: Characters of an execution's output text kept for its
             `ExecutionResult`: beyond that, its first and last halves are kept and the middle
             is dropped with a note (`stream` still yields every chunk as it arrives). This
@@ -68,6 +71,8 @@ class KernelClient:
         auth_token: str | None = None,
         spare_kernel: bool = True,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        kernel_source: Callable[[], Awaitable[KernelChannels]] | None = None,
+        http: httpx2.AsyncClient | None = None,
     ) -> None:
         if max_output_chars < 2:
             raise ValueError(f"max_output_chars must be at least 2, not {max_output_chars!r}.")
@@ -78,6 +83,8 @@ class KernelClient:
         self.images_dir = images_dir or Path("images")
         self.ping_interval = ping_interval
         self.spare_kernel = spare_kernel
+        self._kernel_source = kernel_source
+        self._shared_http = http
         self._http: httpx2.AsyncClient | None = None
         self._kernel: KernelChannels | None = None
         self._spare: asyncio.Task[KernelChannels] | None = None
@@ -120,7 +127,8 @@ class KernelClient:
         """
         if self._kernel is not None:
             return
-        self._http = httpx2.AsyncClient(
+        # Making an HTTP client costs tens of milliseconds (its TLS context): a pool's is shared.
+        self._http = self._shared_http or httpx2.AsyncClient(
             base_url=self._base_url, headers=self._headers, timeout=httpx2.Timeout(30.0, connect=5.0)
         )
         last_error: Exception | None = None
@@ -133,7 +141,8 @@ class KernelClient:
                 if attempt + 1 < retries:
                     await asyncio.sleep(retry_interval)
         else:
-            await self._http.aclose()
+            if self._http is not self._shared_http:
+                await self._http.aclose()
             self._http = None
             raise KernelConnectionError(
                 f"Could not create a kernel on the gateway at {self._base_url} after {retries} tries "
@@ -171,9 +180,9 @@ class KernelClient:
             *closing,
             return_exceptions=True,
         )
-        if self._http is not None:
+        if self._http is not None and self._http is not self._shared_http:
             await self._http.aclose()
-            self._http = None
+        self._http = None
 
     async def reset(self) -> None:
         """Replace the kernel with a fresh one: all variables, imports and definitions are gone.
@@ -410,44 +419,9 @@ class KernelClient:
 
     async def _open_kernel(self) -> KernelChannels:
         assert self._http is not None
-        # Sending "env" makes the gateway give the kernel only PATH plus the variables
-        # the KernelGateway whitelisted, never the gateway's whole environment.
-        try:
-            response = await self._http.post("/api/kernels", json={"env": {}})
-        except httpx2.HTTPError as exc:
-            raise KernelConnectionError(
-                f"No kernel could be created: the gateway at {self._base_url} did not answer ({exc!r})."
-            ) from exc
-        if response.status_code != 201:
-            raise KernelConnectionError(
-                f"The gateway refused to create a kernel (HTTP {response.status_code}): {response.text}"
-            )
-        kernel_id = response.json()["id"]
-        session = uuid.uuid4().hex
-        try:
-            ws = await websockets.connect(
-                f"ws://{self.host}:{self.port}/api/kernels/{kernel_id}/channels?session_id={session}",
-                max_size=MAX_MESSAGE_SIZE,
-                ping_interval=self.ping_interval,
-                compression=None,
-                open_timeout=_OPEN_TIMEOUT,
-                additional_headers=self._headers,
-                subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]  # a plain str is a valid subprotocol
-            )
-            if ws.subprotocol != WS_PROTOCOL:
-                await ws.close()
-                raise KernelConnectionError(
-                    f"The gateway at {self._base_url} does not speak the {WS_PROTOCOL} WebSocket "
-                    "protocol; use jupyter-kernel-gateway 3 or later."
-                )
-        except BaseException:
-            # Broad: cleanup on the way out of a failure that is re-raised.
-            with contextlib.suppress(Exception):
-                await self._http.delete(f"/api/kernels/{kernel_id}")
-            raise
-        kernel = KernelChannels(id=kernel_id, ws=ws, session=session)
-        kernel.receiver = asyncio.create_task(kernel.receive())
-        return kernel
+        if self._kernel_source is not None:
+            return await self._kernel_source()
+        return await open_kernel(self._http, self.host, self.port, self._headers, self.ping_interval)
 
     async def _close_kernel(self, kernel: KernelChannels, shutdown: bool = True) -> None:
         if kernel.receiver is not None:
@@ -455,9 +429,68 @@ class KernelClient:
         # Broad: a connection that is already broken closes with errors of its own.
         with contextlib.suppress(Exception):
             await kernel.ws.close()
-        if shutdown and self._http is not None:
-            with contextlib.suppress(httpx2.HTTPError):
-                await self._http.delete(f"/api/kernels/{kernel.id}")
+        try:
+            if shutdown and self._http is not None:
+                with contextlib.suppress(httpx2.HTTPError):
+                    await self._http.delete(f"/api/kernels/{kernel.id}")
+        finally:
+            if kernel.on_close is not None:
+                kernel.on_close()
+
+
+async def open_kernel(
+    http: httpx2.AsyncClient,
+    host: str,
+    port: int,
+    headers: dict[str, str],
+    ping_interval: float,
+    env: dict[str, str] | None = None,
+) -> KernelChannels:
+    """Create a kernel on the gateway (with `env` for the variables the gateway lets a request
+    set) and open its channels; returns once the kernel answers.
+
+    Raises:
+        KernelConnectionError: If the gateway refused or did not answer.
+    """
+    base_url = f"http://{host}:{port}"
+    # Sending "env" makes the gateway give the kernel only PATH plus the variables
+    # the KernelGateway whitelisted, never the gateway's whole environment.
+    try:
+        response = await http.post("/api/kernels", json={"env": env or {}})
+    except httpx2.HTTPError as exc:
+        raise KernelConnectionError(
+            f"No kernel could be created: the gateway at {base_url} did not answer ({exc!r})."
+        ) from exc
+    if response.status_code != 201:
+        raise KernelConnectionError(
+            f"The gateway refused to create a kernel (HTTP {response.status_code}): {response.text}"
+        )
+    kernel_id = response.json()["id"]
+    session = uuid.uuid4().hex
+    try:
+        ws = await websockets.connect(
+            f"ws://{host}:{port}/api/kernels/{kernel_id}/channels?session_id={session}",
+            max_size=MAX_MESSAGE_SIZE,
+            ping_interval=ping_interval,
+            compression=None,
+            open_timeout=_OPEN_TIMEOUT,
+            additional_headers=headers,
+            subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]  # a plain str is a valid subprotocol
+        )
+        if ws.subprotocol != WS_PROTOCOL:
+            await ws.close()
+            raise KernelConnectionError(
+                f"The gateway at {base_url} does not speak the {WS_PROTOCOL} WebSocket "
+                "protocol; use jupyter-kernel-gateway 3 or later."
+            )
+    except BaseException:
+        # Broad: cleanup on the way out of a failure that is re-raised.
+        with contextlib.suppress(Exception):
+            await http.delete(f"/api/kernels/{kernel_id}")
+        raise
+    kernel = KernelChannels(id=kernel_id, ws=ws, session=session)
+    kernel.receiver = asyncio.create_task(kernel.receive())
+    return kernel
 
 
 def _loop_time(deadline: float) -> float:

@@ -57,6 +57,8 @@ class SandboxSetup:
     working_dir: Path
     hidden: tuple[Path, ...]
     registry_dir: Path
+    # A pool's folder of per-kernel tool folders (each kernel's named by its own environment).
+    tools_base: Path | None = None
 
 
 def write_kernel_spec(
@@ -125,27 +127,7 @@ def _sandboxed(
         path.mkdir()
     working_dir = sandbox.working_dir
     settings_file = jupyter_dir / "srt-settings.json"
-    settings = _sandbox.sandbox_settings(
-        sandbox.config,
-        working_dir=working_dir,
-        # The settings written here are those of the shell sandbox (`KernelGateway.confinement`) and
-        # of the start check, whose private folder is `tmp`; each kernel runs under a copy whose
-        # private folder is its own, in `runtime` (_kernel_launch).
-        private_dirs=[tmp],
-        protected=_protected(jupyter_dir, settings_file, sandbox),
-        tool_socket=Path(socket) if (socket := env.get(ToolServerEnv.SOCKET)) else None,
-        readable=(
-            *(Path(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(entry)),
-            *_sandbox.srt_support(sandbox.srt),
-        ),
-        hidden=sandbox.hidden,
-    )
-    settings_file.write_text(json.dumps(settings, indent=2))
-    filesystem = settings["filesystem"]
-    confinement = KernelConfinement(
-        writable=(*(working_dir / Path(path).expanduser() for path in filesystem["allowWrite"]), runtime),
-        readonly=tuple(working_dir / Path(path).expanduser() for path in filesystem["denyWrite"]),
-    )
+    confinement = write_sandbox_settings(settings_file, jupyter_dir, env, sandbox)
     launch = {
         "srt": sandbox.srt,
         "settings": str(settings_file),
@@ -155,6 +137,8 @@ def _sandboxed(
         "working_dir": str(working_dir),
         "prefix": limits.launcher([]),
     }
+    if sandbox.tools_base is not None:
+        launch["tools_base"] = str(sandbox.tools_base)
     launcher = Path(_kernel_launch.__file__).resolve()
     command = [
         sys.executable,
@@ -167,6 +151,43 @@ def _sandboxed(
         *argv,
     ]
     return command, confinement
+
+
+def write_sandbox_settings(
+    settings_file: Path, jupyter_dir: Path, env: Mapping[str, str], sandbox: SandboxSetup
+) -> KernelConfinement:
+    """Write the srt settings of kernels working in ``sandbox.working_dir`` to `settings_file`.
+
+    Returns:
+        Where those kernels write and what stays read-only there.
+    """
+    working_dir = sandbox.working_dir
+    settings = _sandbox.sandbox_settings(
+        sandbox.config,
+        working_dir=working_dir,
+        # The settings written here are those of the shell sandbox (`KernelGateway.confinement`) and
+        # of the start check, whose private folder is `tmp`; each kernel runs under a copy whose
+        # private folder is its own, in `runtime` (_kernel_launch).
+        private_dirs=[jupyter_dir / "tmp"],
+        protected=_protected(jupyter_dir, settings_file, sandbox),
+        tool_socket=Path(socket) if (socket := env.get(ToolServerEnv.SOCKET)) else None,
+        readable=(
+            *(Path(entry) for entry in env.get("PYTHONPATH", "").split(os.pathsep) if os.path.isabs(entry)),
+            *_sandbox.srt_support(sandbox.srt),
+        ),
+        hidden=sandbox.hidden,
+    )
+    partial = settings_file.with_name(settings_file.name + ".partial")
+    partial.write_text(json.dumps(settings, indent=2))
+    partial.replace(settings_file)
+    filesystem = settings["filesystem"]
+    return KernelConfinement(
+        writable=(
+            *(working_dir / Path(path).expanduser() for path in filesystem["allowWrite"]),
+            jupyter_dir / "runtime",
+        ),
+        readonly=tuple(working_dir / Path(path).expanduser() for path in filesystem["denyWrite"]),
+    )
 
 
 def _protected(jupyter_dir: Path, settings_file: Path, sandbox: SandboxSetup) -> list[Path]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,8 @@ class KernelChannels:
     # Executions submitted and not yet collected; `settled` is set while there are none.
     pending: int = 0
     settled: asyncio.Event = field(default_factory=_set_event)
+    # Called once the kernel is closed (a pooled kernel's private folders go with it).
+    on_close: Callable[[], None] | None = None
 
     async def receive(self) -> None:
         """Route every message from the kernel to the execution it belongs to, until the connection ends."""
@@ -85,7 +88,7 @@ class KernelChannels:
             self.settled.set()
 
 
-def execute_request(session: str, msg_id: str, code: str) -> bytes:
+def execute_request(session: str, msg_id: str, code: str, *, silent: bool = False) -> bytes:
     header = {
         "msg_id": msg_id,
         "msg_type": "execute_request",
@@ -96,8 +99,9 @@ def execute_request(session: str, msg_id: str, code: str) -> bytes:
     }
     content = {
         "code": code,
-        "silent": False,
-        "store_history": True,
+        # Silent: no execution count, no history, no output broadcast (a kernel's hidden setup).
+        "silent": silent,
+        "store_history": not silent,
         "user_expressions": {},
         "allow_stdin": False,
         # Executions are independent: one that fails must not abort the next one queued.

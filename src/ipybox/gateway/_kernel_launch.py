@@ -42,6 +42,11 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs milliseconds at every kernel start
     from typing import Any
 
+# ipybox._wire's ToolServerEnv.SOCKET, PoolEnv.SETTINGS and KernelEnv.START_DIR; this script
+# cannot import ipybox (a test checks they agree).
+TOOL_SERVER_SOCKET = "TOOL_SERVER_SOCKET"
+KERNEL_SETTINGS = "IPYBOX_KERNEL_SETTINGS"
+START_DIR = "IPYBOX_START_DIR"
 SETTINGS_SUFFIX = ".srt-settings.json"
 """The kernel's own srt settings are its folder's path with this suffix."""
 _PR_SET_PDEATHSIG = 1
@@ -85,17 +90,44 @@ def _private_folders(spec: dict[str, Any], connection_file: str) -> tuple[str, s
             os.environ[key] = tmp + value[len(shared) :]
     # srt's own sockets go in the folder itself: in `tmp` their paths would be too long.
     os.environ["TMPDIR"] = folder
-    with open(spec["settings"]) as file:
+    with open(_settings_file(spec)) as file:
         settings = json.load(file)
     filesystem = settings["filesystem"]
     own = folder + SETTINGS_SUFFIX  # beside the folder, out of the kernel's sight
     filesystem["allowWrite"] = [path for path in filesystem["allowWrite"] if path != shared] + [folder]
     filesystem["denyWrite"] = [*filesystem["denyWrite"], own]
+    tools_base = spec.get("tools_base")
+    socket = os.environ.get(TOOL_SERVER_SOCKET, "")
+    if tools_base and socket:
+        # A pooled kernel: its tool server's socket is linked into a folder of its own, made by the
+        # pool before the kernel and readable (never writable) by this kernel alone.
+        tools = os.path.dirname(socket)
+        if os.path.dirname(tools) != tools_base or os.path.islink(tools):
+            raise RuntimeError(f"the tool server socket {socket} is not in a folder of the pool's")
+        filesystem.setdefault("allowRead", []).append(tools)
     partial = own + ".partial"
     with open(partial, "w") as file:
         json.dump(settings, file)
     os.replace(partial, own)
     return own, tmp
+
+
+def _settings_file(spec: dict[str, Any]) -> str:
+    """The gateway's srt settings, or (a pool's kernel in a working directory of its own) those the
+    pool wrote for that directory, in the pool's folder."""
+    own = os.environ.get(KERNEL_SETTINGS, "")
+    if not own:
+        return str(spec["settings"])
+    if not spec.get("tools_base") or os.path.dirname(own) != spec["tools_base"] or os.path.islink(own):
+        raise RuntimeError(f"the settings {own} are not in a folder of the pool's")
+    return own
+
+
+def _working_dir(spec: dict[str, Any]) -> str:
+    """The kernel's working directory: its own (a pool's kernel with settings of its own), else the gateway's."""
+    if os.environ.get(KERNEL_SETTINGS) and os.environ.get(START_DIR):
+        return os.environ[START_DIR]
+    return str(spec["working_dir"])
 
 
 def _end_with_gateway(lock_file: str) -> None:
@@ -180,7 +212,7 @@ def _launch(spec: dict[str, Any], connection_file: str, argv: list[str]) -> None
     settings_file, tmp = _private_folders(spec, connection_file)
     _end_with_gateway(spec["lock"])
     _own_ipc_namespace()
-    command = [*spec["prefix"], *wrap(spec["srt"], settings_file, argv, tmp, spec["working_dir"])]
+    command = [*spec["prefix"], *wrap(spec["srt"], settings_file, argv, tmp, _working_dir(spec))]
     os.execvp(command[0], command)
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +145,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "its own; every session's kernel can then change what the others import and read (one trust domain)",
     )
     parser.add_argument(
+        "--pool",
+        type=int,
+        metavar="N",
+        help="keep N kernels started ahead in one kernel gateway shared by every session, so that a new "
+        "session takes a ready kernel (in a session folder made ahead for it, over streamable-http) "
+        "instead of starting one",
+    )
+    parser.add_argument(
         "--approve-tool-calls",
         action="store_true",
         help="put every MCP tool call and shell command a cell makes to the person at the MCP client "
@@ -204,6 +213,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "--host, --port, --allow-host, --session-idle-timeout, --max-sessions and --shared-workspace apply "
             "only with --transport streamable-http (over stdio the one session works in the workspace itself)."
         )
+    _check_pool(parser, args)
     if args.session_timeout is not None and (
         args.session_timeout < 0 or not math.isfinite(args.session_timeout)
     ):
@@ -225,6 +235,11 @@ def _seconds_or_none(text: str) -> float | None:
         return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (or none)") from None
+
+
+def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.pool is not None and args.pool < 0:
+        parser.error(f"--pool {args.pool}: give a number of kernels to keep ready, 0 or more.")
 
 
 def _read_policy(parser: argparse.ArgumentParser, path: Path, workspace: Path) -> Policy:
@@ -281,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     provider = _start_tracing() if args.otel else None
     try:
         if args.transport == "stdio":
-            _run(_serve_stdio(settings))
+            _run(_pooled(settings, args.pool, _serve_stdio))
         else:
             from ipybox.mcp_server._http import serve_http
 
@@ -289,15 +304,20 @@ def main(argv: list[str] | None = None) -> None:
             # executors) down, then raises the signal again.
             with contextlib.suppress(KeyboardInterrupt, asyncio.CancelledError):
                 asyncio.run(
-                    serve_http(
-                        settings,
-                        host=args.host,
-                        port=args.port,
-                        allowed_hosts_extra=args.allow_host,
-                        # 0 means never, as None does.
-                        session_timeout=args.session_timeout or None,
-                        shared_workspace=args.shared_workspace,
-                        max_sessions=args.max_sessions,
+                    _pooled(
+                        # The pool makes the sessions' folders ahead, as the server would.
+                        dataclasses.replace(settings, session_folders=not args.shared_workspace),
+                        args.pool,
+                        lambda pooled: serve_http(
+                            pooled,
+                            host=args.host,
+                            port=args.port,
+                            allowed_hosts_extra=args.allow_host,
+                            # 0 means never, as None does.
+                            session_timeout=args.session_timeout or None,
+                            shared_workspace=args.shared_workspace,
+                            max_sessions=args.max_sessions,
+                        ),
                     )
                 )
     except IpyboxError as exc:
@@ -320,6 +340,33 @@ def _start_tracing() -> Any:
             file=sys.stderr,
         )
         raise SystemExit(2) from None
+
+
+async def _pooled(
+    settings: Settings, size: int | None, serve: Callable[[Settings], Coroutine[Any, Any, None]]
+) -> None:
+    """Run `serve` with the settings, on a kernel pool of `size` ready kernels (``--pool``) if given;
+    the pool (its gateway and kernels) stops when `serve` ends."""
+    if size is None:
+        await serve(settings)
+        return
+    from ipybox.mcp_server._announce import announce, stage
+
+    async def show_filling() -> None:
+        with stage(f"a pool of {size} {'sandboxed ' if settings.sandbox else ''}kernels"):
+            await pool.filled(lambda ready: announce(f"kernels ready: {ready} of {size}"))
+
+    async with settings.kernel_pool(size) as pool:
+        # The person who started the server sees the pool fill, while the server already serves.
+        filling = asyncio.create_task(show_filling())
+        try:
+            await serve(dataclasses.replace(settings, pool=pool))
+        finally:
+            filling.cancel()
+            with contextlib.suppress(
+                BaseException
+            ):  # broad: the display's end (cancelled or failed) changes nothing
+                await filling
 
 
 async def _serve_stdio(settings: Settings) -> None:

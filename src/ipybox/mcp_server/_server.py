@@ -21,6 +21,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from ipybox.app._confined import Confined, ConfinedPathError
 from ipybox.app._executor import CodeExecutor
 from ipybox.app._policy import Policy
+from ipybox.app._pool import KernelPool
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
 from ipybox.mcp_server._cell_answers import Progress
@@ -63,6 +64,7 @@ class Settings:
         tracing: Make OpenTelemetry spans (to the global tracer provider).
         policy: Policy rules for the tool calls and shell commands of every session.
         audit: Record every tool call in the audit trail (``ipybox audit``).
+        pool: The kernel pool every session's executor takes its kernels from (``--pool``), if any.
     """
 
     workspace: Path
@@ -77,6 +79,7 @@ class Settings:
     tracing: bool = False
     policy: Policy | None = None
     audit: bool = False
+    pool: KernelPool | None = None
 
     def kernel_env(self, folder: Path | None = None) -> dict[str, str]:
         """The environment of a kernel working in `folder` (default: the workspace): ``HOME``,
@@ -128,6 +131,24 @@ class Settings:
             sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folder != self.workspace else (),
             policy=self.policy,
             audit=self.audit,
+            pool=self.pool,
+        )
+
+    def kernel_pool(self, size: int) -> KernelPool:
+        """A new, unstarted pool of `size` ready kernels for the sessions: each in a new session
+        folder of its own (`session_folders`), else in the workspace."""
+        folders = self.session_folders
+        return KernelPool(
+            size,
+            kernel_env=self.kernel_env(),
+            sandbox=self.sandbox,
+            sandbox_config=self.sandbox_config,
+            log_level=self.log_level,
+            approve_shell_cmds=self.approve_tool_calls,
+            working_dir=self.workspace,
+            sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folders else (),
+            new_folder=(lambda: new_session_folder(self.workspace)) if folders else None,
+            folder_env=self.kernel_env if folders else None,
         )
 
     def installer(self, folder: Path | None = None) -> Installer:
@@ -141,11 +162,19 @@ class Settings:
 
     async def start_session(self) -> ToolSession:
         """The tools of a new session, on a started executor (a failed start leaves nothing)."""
-        folder = new_session_folder(self.workspace) if self.session_folders else self.workspace
+        if not self.session_folders:
+            folder = self.workspace
+        elif self.pool is not None:
+            folder = self.pool.claim()  # a new session folder whose kernel is ready (or starting)
+        else:
+            folder = new_session_folder(self.workspace)
         executor = self.executor(folder)
         try:
             await executor.start()
         except BaseException:
+            if self.pool is not None and folder != self.workspace:
+                with anyio.CancelScope(shield=True):
+                    await self.pool.unclaim(folder)  # the kernel kept for it, if the start did not take it
             if folder != self.workspace:
                 with contextlib.suppress(OSError):
                     folder.rmdir()  # only if the kernel left nothing in it
