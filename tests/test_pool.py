@@ -47,6 +47,7 @@ def _gateways() -> list[psutil.Process]:
 
 
 def _kernel_id(executor: CodeExecutor) -> str:
+    # private: which gateway kernel an executor holds; no public API names it
     kernels = executor._kernels
     assert kernels is not None
     return kernels.client.kernel_id
@@ -165,6 +166,7 @@ async def test_a_hostile_kernel_on_a_shared_pool_cannot_reach_another_sessions_t
                 )
             ).text == "own"
             facts = json.loads((await victim.execute(VICTIM_FACTS)).text or "")
+            # private: the victim's tool server address and token, the loot the attack tries to use
             server = victim._tool_server
             assert server is not None and server.token is not None
             socket_dir = str(server.uds.parent) if server.uds is not None else facts["tmp"]
@@ -269,6 +271,7 @@ async def test_a_killed_gateway_is_restarted_once_and_every_executor_on_it_recov
             for executor in (first, second):
                 with pytest.raises(CodeExecutionError, match=r"gateway|kernel died"):
                     await asyncio.wait_for(executor.execute("print(x)"), 120)
+            # private: counts gateway restarts; no public API reports them
             assert pool._generation_now == 1
             for executor in (first, second):
                 assert (
@@ -316,6 +319,7 @@ async def test_approved_shell_commands_of_a_pooled_kernel_run_in_its_own_folder(
     ) as pool:
         unused = pool.claim()
         await pool.unclaim(unused)  # no executor will work there: its kernel is shut down
+        # private: no public API lists claimed folders
         assert unused not in pool._claimed
         folder = pool.claim()
         options = {"pool": pool, "sandbox": True, "approve_shell_cmds": True, "sandbox_hidden": (sessions,)}

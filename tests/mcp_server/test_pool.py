@@ -27,7 +27,7 @@ def _under(process_pid: int, marker: str) -> set[int]:
 
 
 def test_a_negative_pool_size_is_refused(tmp_path: Path) -> None:
-    from ipybox.mcp_server._cli import parse_args
+    from ipybox.mcp_server._cli import parse_args  # private: the CLI's parser, tested without a process
 
     with pytest.raises(SystemExit):
         parse_args(["--workspace", str(tmp_path), "--pool", "-1"])
