@@ -363,9 +363,8 @@ async def _pooled(
             await serve(dataclasses.replace(settings, pool=pool))
         finally:
             filling.cancel()
-            with contextlib.suppress(
-                BaseException
-            ):  # broad: the display's end (cancelled or failed) changes nothing
+            # Broad: how the display ended (cancelled, or the pool failed, which serving reports) changes nothing.
+            with contextlib.suppress(BaseException):
                 await filling
 
 
