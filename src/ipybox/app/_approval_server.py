@@ -30,6 +30,8 @@ logger = logging.getLogger("ipybox.tool_exec.approval.server")
 
 # WebSocket close code for refused connections (RFC 6455 "policy violation").
 POLICY_VIOLATION = 1008
+# The notice that answers each decision, for a request id (an int) and whether it was taken.
+_DECIDED = '{"jsonrpc":"2.0","method":"decided","params":{"id":%d,"taken":%s}}'
 
 
 class _Decision(BaseModel):
@@ -94,12 +96,7 @@ class ApprovalChannel:
                 decided = self._decide(await websocket.receive_text())
                 if decided is not None:
                     request_id, taken = decided
-                    notice = {
-                        "jsonrpc": "2.0",
-                        "method": "decided",
-                        "params": {"id": request_id, "taken": taken},
-                    }
-                    await websocket.send_text(json.dumps(notice))
+                    await websocket.send_text(_DECIDED % (request_id, "true" if taken else "false"))
         except WebSocketDisconnect:
             pass
         finally:

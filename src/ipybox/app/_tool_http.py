@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import Receive
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 from ipybox._wire import AnswerFields
 from ipybox.errors import ToolCallOutcome
@@ -32,6 +33,8 @@ _MAX_HEAD_SIZE = 64 * 1024
 _HEAD_TIMEOUT = 10.0
 _BODY_TIMEOUT = 60.0
 _MAX_CONNECTIONS = 512
+# Messages of one WebSocket that may wait for the application before reading stops.
+_WS_QUEUE = 4
 # How long a request waits for room in the tool server's max_inflight_size before it fails.
 _INFLIGHT_WAIT = 60.0
 
@@ -97,6 +100,26 @@ class _BoundedHttp(HttpToolsProtocol):
         self._head_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+class _QueuedWebSocket(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, reading on while a few messages wait for the application.
+
+    uvicorn stops reading a connection after each message until the application has taken it,
+    which costs two system calls per message (the approval channel's decisions); here it stops
+    once ``_WS_QUEUE`` messages wait, which bounds what a client can queue all the same.
+    """
+
+    def send_receive_event_to_app(self) -> None:
+        if self.read_paused or self.queue.qsize() + 1 >= _WS_QUEUE:
+            super().send_receive_event_to_app()
+            return
+        # The base pauses reading unless it is paused already: it is told so for this message.
+        self.read_paused = True
+        try:
+            super().send_receive_event_to_app()
+        finally:
+            self.read_paused = False
 
 
 class _BodyTooLarge(Exception):
