@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from ipybox.app._tool_http import DIRECT_TEXT
 from ipybox.errors import ApprovalClientDisconnected, NoApprovalClientError
 
 __all__ = ["ApprovalChannel", "ApprovalClientDisconnected", "NoApprovalClientError"]
@@ -90,16 +91,22 @@ class ApprovalChannel:
         # Claimed before the first await, so two simultaneous connections cannot both get in.
         self._websocket = websocket
         self._closed.clear()
+        # Served by the tool server's own WebSocket protocol, decisions are taken as they arrive
+        # (`_answer`); the loop below takes those that were queued and notices the disconnect.
+        direct = websocket.scope.get("extensions", {}).get(DIRECT_TEXT)
         try:
             await websocket.accept()
+            if direct is not None:
+                direct(self._answer)
             while True:
-                decided = self._decide(await websocket.receive_text())
-                if decided is not None:
-                    request_id, taken = decided
-                    await websocket.send_text(_DECIDED % (request_id, "true" if taken else "false"))
+                notice = self._answer(await websocket.receive_text())
+                if notice is not None:
+                    await websocket.send_text(notice)
         except WebSocketDisconnect:
             pass
         finally:
+            if direct is not None:
+                direct(None)
             self._release(websocket)
 
     async def disconnect(self) -> None:
@@ -191,6 +198,14 @@ class ApprovalChannel:
             raise TimeoutError(f"No approval decision within {self.approval_timeout:g} s.") from None
         finally:
             self._pending.pop(request_id, None)
+
+    def _answer(self, text: str) -> str | None:
+        """Take a decision; the notice that answers it, or ``None`` for a malformed message."""
+        decided = self._decide(text)
+        if decided is None:
+            return None
+        request_id, taken = decided
+        return _DECIDED % (request_id, "true" if taken else "false")
 
     def _decide(self, text: str) -> tuple[int, bool] | None:
         """Take a decision; the request id and whether it was taken, or ``None`` if malformed."""
