@@ -327,7 +327,8 @@ class ApprovalClient:
                 f'{{"jsonrpc":"2.0","id":{request_id},"result":{"true" if accepted else "false"}{flags}}}'
             )
             try:
-                await websocket.send(answer)
+                if not websocket.send_now(answer):
+                    await websocket.send(answer)
             except ConnectionClosed as exc:
                 self._taken.pop(request_id, None)
                 raise ApprovalConnectionError(
@@ -360,12 +361,23 @@ def _direct_connection() -> type[Any]:
     websockets queues every message for a reader task to take; here a message that arrives in one
     frame (the tool server sends each in one) is handled in ``data_received`` already, which saves
     a task hand-off per message on the approval path. Others take the queue as before.
+    ``send_now`` writes a decision without `send`'s context and drain when nothing holds it up.
     """
     from websockets.asyncio.client import ClientConnection
     from websockets.frames import Frame, Opcode
+    from websockets.protocol import State
 
     class DirectConnection(ClientConnection):
         on_text: Callable[[str], None] | None = None
+
+        def send_now(self, text: str) -> bool:
+            """Write a text message at once, if the connection is open, no other message is being
+            sent and writes are not paused; whether it was (if not, `send` waits its turn)."""
+            if self.send_in_progress is not None or self.paused or self.protocol.state is not State.OPEN:
+                return False
+            self.protocol.send_text(text.encode())
+            self.send_data()
+            return True
 
         def process_event(self, event: Any) -> None:
             on_text = self.on_text

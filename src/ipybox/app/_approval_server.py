@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
@@ -66,6 +67,8 @@ class ApprovalChannel:
         self.approval_required = approval_required
         self.approval_timeout = approval_timeout
         self._websocket: WebSocket | None = None
+        # Writes a message to the connected client at once, when its connection has the short cut.
+        self._write: Callable[[str], bool] | None = None
         self._pending: dict[int, asyncio.Future[_Decision]] = {}
         self._ids = itertools.count(1)
         self._closed = asyncio.Event()
@@ -97,7 +100,7 @@ class ApprovalChannel:
         try:
             await websocket.accept()
             if direct is not None:
-                direct(self._answer)
+                self._write = direct(self._answer)
             while True:
                 notice = self._answer(await websocket.receive_text())
                 if notice is not None:
@@ -187,7 +190,9 @@ class ApprovalChannel:
                 # No lock around the send: uvicorn writes each WebSocket message whole, so
                 # concurrent requests cannot interleave their frames.
                 try:
-                    await websocket.send_text(message)
+                    write = self._write
+                    if write is None or not write(message):
+                        await websocket.send_text(message)
                 except (WebSocketDisconnect, RuntimeError, OSError) as exc:
                     raise ApprovalClientDisconnected(
                         "The approval client disconnected before it could be asked."
@@ -227,6 +232,7 @@ class ApprovalChannel:
         if self._websocket is not websocket:
             return
         self._websocket = None
+        self._write = None
         pending, self._pending = self._pending, {}
         for decision in pending.values():
             if not decision.done():

@@ -115,7 +115,8 @@ class _QueuedWebSocket(WebSocketsSansIOProtocol):
     connection may hand it a synchronous handler of text messages (``DIRECT_TEXT``, an entry of the
     scope's ``extensions``): each whole text message is then answered in ``data_received``
     already, without the queue, the task hand-off to the application and its ``send``. The
-    handler returns the text to answer with, or ``None``. A message is queued as before while
+    handler returns the text to answer with, or ``None``; handing it over returns a function that
+    writes a text message at once (`_write_text`). A message is queued as before while
     the connection's writes are paused (the client is not reading), after the application sent
     its close, or when it is not UTF-8.
     """
@@ -128,8 +129,24 @@ class _QueuedWebSocket(WebSocketsSansIOProtocol):
         if scope is not None:
             scope["extensions"][DIRECT_TEXT] = self._take_text
 
-    def _take_text(self, on_text: Callable[[str], str | None] | None) -> None:
+    def _take_text(self, on_text: Callable[[str], str | None] | None) -> Callable[[str], bool]:
+        """Take the application's text handler (``None``: none any more); returns `_write_text`."""
         self._on_text = on_text
+        return self._write_text
+
+    def _write_text(self, text: str) -> bool:
+        """Write a text message now, if the connection takes writes; whether it was written (if not,
+        the application sends it the ASGI way, which waits for room and reports a closed connection)."""
+        if not self.handshake_complete or self.close_sent or not self.writable.is_set():
+            return False
+        if self.transport.is_closing():
+            return False
+        try:
+            self.conn.send_text(text.encode())
+        except InvalidState:
+            return False
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
 
     def send_receive_event_to_app(self) -> None:
         on_text = self._on_text
