@@ -224,6 +224,13 @@ def print_table(rows: list[dict[str, Any]]) -> None:
             f"ipybox's own cost per tool call (ours, paired in one process): {float(paired['value']):.3f} ms "
             f"auto-approved (target <= 0.25 ms), {float(paired['approval']):.3f} ms with approval (target <= 0.5 ms)"
         )
+        if "cpu_ms" in paired:
+            cpu, own = paired["cpu_ms"], paired["cpu_over_floor_ms"]
+            print(
+                f"  process CPU per call (this process; load moves it less): SDK alone {cpu['floor']:.3f} ms, "
+                f"auto-approved {cpu['tool']:.3f} ms (own +{own['tool']:.3f}), with approval "
+                f"{cpu['approval']:.3f} ms (own +{own['approval']:.3f})"
+            )
     if "concurrent_calls" in ours:
         print(
             f"20 concurrent calls of a 100 ms tool (ours): {float(ours['concurrent_calls']['value']):.0f} ms "

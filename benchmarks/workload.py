@@ -485,10 +485,17 @@ async def fig_tool_overhead(args: argparse.Namespace) -> dict[str, Any]:
     auto = ToolRunner(server_name="bench", server_params=server_params, port=auto_port)
     approved = ToolRunner(server_name="bench", server_params=server_params, port=approval_port)
 
-    def timed_call(runner: ToolRunner) -> float:
-        start = time.perf_counter()
+    # Process CPU time per call (every thread of this process: the caller, the tool server and the
+    # approval client; the echo server is a child, the same for all three paths). Unlike the wall
+    # time, it hardly moves with the load of other processes on the machine.
+    cpu: dict[str, list[float]] = {"floor": [], "tool": [], "approval": []}
+
+    def timed_call(runner: ToolRunner, name: str) -> float:
+        cpu_start, start = time.process_time(), time.perf_counter()
         runner.run_sync("echo", tool_args)
-        return ms(time.perf_counter() - start)
+        wall = ms(time.perf_counter() - start)
+        cpu[name].append(ms(time.process_time() - cpu_start))
+        return wall
 
     direct = StdioServerParameters(command=args.mcp_python, args=[str(BENCH_SERVER)])
     tool_minus_floor: list[float] = []
@@ -503,18 +510,31 @@ async def fig_tool_overhead(args: argparse.Namespace) -> dict[str, Any]:
 
         def timed_floor() -> float:
             # From a worker thread too, so that both sides pay the same hop to the event loop.
-            start = time.perf_counter()
+            cpu_start, start = time.process_time(), time.perf_counter()
             asyncio.run_coroutine_threadsafe(client.call_tool("echo", tool_args), loop).result()
-            return ms(time.perf_counter() - start)
+            wall = ms(time.perf_counter() - start)
+            cpu["floor"].append(ms(time.process_time() - cpu_start))
+            return wall
 
         for round_ in range(10 + runs):
             floor = await asyncio.to_thread(timed_floor)
-            tool = await asyncio.to_thread(timed_call, auto)
-            approval = await asyncio.to_thread(timed_call, approved)
+            tool = await asyncio.to_thread(timed_call, auto, "tool")
+            approval = await asyncio.to_thread(timed_call, approved, "approval")
             if round_ >= 10:
                 tool_minus_floor.append(tool - floor)
                 approval_minus_floor.append(approval - floor)
-    return {**summary(tool_minus_floor), "approval": statistics.median(approval_minus_floor)}
+    floor_cpu = cpu["floor"][10:]
+    return {
+        **summary(tool_minus_floor),
+        "approval": statistics.median(approval_minus_floor),
+        # Median process CPU per call of each path (the SDK alone, auto-approved, with approval),
+        # and of the per-round differences from the SDK call (ipybox's own CPU per call).
+        "cpu_ms": {name: statistics.median(samples[10:]) for name, samples in cpu.items()},
+        "cpu_over_floor_ms": {
+            name: statistics.median(a - b for a, b in zip(cpu[name][10:], floor_cpu, strict=True))
+            for name in ("tool", "approval")
+        },
+    }
 
 
 async def fig_apigen(args: argparse.Namespace) -> dict[str, Any]:

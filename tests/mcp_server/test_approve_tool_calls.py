@@ -7,7 +7,9 @@ the SDK's client with an elicitation callback that plays the person.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -301,14 +303,28 @@ _ANSWER: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAda
 
 
 class Crowd:
-    """Plays the person against a flood of questions: holds each one until as many are open as the
-    server may have open (`MAX_OPEN_QUESTIONS`, or all that are left), then answers; declines one."""
+    """Plays the person against a flood of questions: holds every answer until as many questions are
+    open as the server may have open (`MAX_OPEN_QUESTIONS`, or all that are left) and the server has
+    said that each question not asked yet waits its turn, or until one question more than it may
+    have open arrives (the cap is broken: everything is let go, for the test to fail); declines one.
+
+    What the server says comes from its log on stderr (`waiting`, counted by `Crowd.read_log`): with
+    only the open count to go by, the person would answer before it could tell whether a fifth
+    question was on its way.
+    """
 
     def __init__(self, limit: int, total: int) -> None:
         self.limit, self.total = limit, total
-        self.open = self.most_open = self.answered = 0
+        self.open = self.most_open = self.answered = self.waiting = 0
         self.asked: list[str] = []
         self.changed = asyncio.Condition()
+
+    def _may_answer(self) -> bool:
+        if self.open > self.limit:
+            return True
+        return self.open >= min(self.limit, self.total - self.answered) and self.waiting >= self.total - len(
+            self.asked
+        )
 
     async def __call__(self, context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         assert isinstance(params, types.ElicitRequestFormParams)
@@ -319,7 +335,7 @@ class Crowd:
         try:
             async with self.changed:
                 self.changed.notify_all()
-                await self.changed.wait_for(lambda: self.open >= min(self.limit, self.total - self.answered))
+                await self.changed.wait_for(self._may_answer)
         finally:
             self.open -= 1
             self.answered += 1
@@ -327,22 +343,48 @@ class Crowd:
             self.changed.notify_all()
         return types.ElicitResult(action="decline" if params.message.endswith(_DECLINED) else "accept")
 
+    async def _saw_waiting(self) -> None:
+        async with self.changed:
+            self.waiting += 1
+            self.changed.notify_all()
+
+    def read_log(self, stderr: int, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the server's stderr to its end (a thread's work), counting the questions that wait."""
+        with open(stderr, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if "waits its turn" in line:
+                    asyncio.run_coroutine_threadsafe(self._saw_waiting(), loop)
+
 
 async def test_a_flood_of_gathered_calls_is_asked_a_few_questions_at_a_time(workspace: Path) -> None:
     """Attack: a cell gathers 40 tool calls at once to put 40 questions before the person together;
-    at most `MAX_OPEN_QUESTIONS` are open at the client at any moment, the rest wait their turn,
-    every one is asked, and the declined one refuses only its own call."""
+    at most `MAX_OPEN_QUESTIONS` are open at the client at any moment (the person holds its answers
+    until the server says the others wait), the rest wait their turn, every one is asked, and the
+    declined one refuses only its own call."""
+    from mcp.client.stdio import stdio_client
+
     # Private: the cap on open questions is internal; the flood is measured against it.
     from ipybox.mcp_server._elicit import MAX_OPEN_QUESTIONS
 
     crowd = Crowd(MAX_OPEN_QUESTIONS, CALLS)
-    params = stdio_params(workspace, "--approve-tool-calls", "--approval-timeout", APPROVAL_TIMEOUT)
-    async with connected(params, elicitation_callback=crowd, mode="legacy") as client:
-        registered = await client.call_tool(
-            "register_mcp_server", {"server_name": "demo", "server_params": _DEMO}
-        )
-        assert not registered.is_error, text_of(registered)
-        result = await run(client, _FLOOD)
+    params = stdio_params(
+        workspace, "--approve-tool-calls", "--approval-timeout", APPROVAL_TIMEOUT, "--log-level", "DEBUG"
+    )
+    read_end, write_end = os.pipe()
+    reader = threading.Thread(target=crowd.read_log, args=(read_end, asyncio.get_running_loop()), daemon=True)
+    reader.start()
+    try:
+        with os.fdopen(write_end, "w") as stderr:
+            transport = stdio_client(params, errlog=stderr)
+            async with connected(transport, elicitation_callback=crowd, mode="legacy") as client:
+                registered = await client.call_tool(
+                    "register_mcp_server", {"server_name": "demo", "server_params": _DEMO}
+                )
+                assert not registered.is_error, text_of(registered)
+                result = await run(client, _FLOOD)
+    finally:
+        # The server has exited and the write end is closed: the reader reaches the end of the log.
+        await asyncio.to_thread(reader.join)
     assert text_of(result) == _FLOOD_EXPECTED, text_of(result)
     assert crowd.most_open <= MAX_OPEN_QUESTIONS, crowd.most_open
     assert sorted(crowd.asked) == sorted(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -176,3 +177,33 @@ async def test_join_waits_for_the_client_to_go(approval_server: ToolServer) -> N
     await client.disconnect()
     await channel.join(timeout=5)
     assert not channel.open
+
+
+async def test_a_decision_in_fragments_or_sent_again_keeps_the_rules(
+    approval_server: ToolServer, demo_params: dict[str, Any]
+) -> None:
+    """The tool server takes each decision as it arrives (its frames joined when it came in
+    fragments): a request is decided once, and a repeat is answered ``taken: false``."""
+    from websockets.asyncio.client import connect
+
+    def decision(request_id: int, accepted: bool) -> str:
+        return json.dumps({"jsonrpc": "2.0", "id": request_id, "result": accepted})
+
+    async def notice(websocket: Any) -> dict[str, Any]:
+        message = json.loads(await websocket.recv())
+        assert message["method"] == "decided", message
+        return dict(message["params"])
+
+    runner = ToolRunner("demo", demo_params, port=approval_server.port)
+    async with connect(f"ws://localhost:{approval_server.port}/approval") as websocket:
+        for fragmented in (True, False):
+            call = asyncio.ensure_future(asyncio.to_thread(runner.run_sync, "echo", {"text": "x"}))
+            request = json.loads(await websocket.recv())
+            accept = decision(request["id"], True)
+            await websocket.send([accept[:9], accept[9:]] if fragmented else accept)
+            assert await notice(websocket) == {"id": request["id"], "taken": True}
+            # Sent again, the other way, and reversed: too late, it changes nothing.
+            reject = decision(request["id"], False)
+            await websocket.send(reject if fragmented else [reject[:9], reject[9:]])
+            assert await notice(websocket) == {"id": request["id"], "taken": False}
+            assert await call == "x"

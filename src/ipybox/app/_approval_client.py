@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -176,6 +177,8 @@ class ApprovalClient:
         self._handlers: set[asyncio.Task[None]] = set()
         # Per request id: whether the tool server took the decision sent for it.
         self._taken: dict[int, asyncio.Future[bool]] = {}
+        # Whether a message arrived since the channel last dropped (reconnecting starts over quickly).
+        self._received = False
 
     async def connect(self) -> None:
         """Connect to the tool server's approval channel.
@@ -199,8 +202,13 @@ class ApprovalClient:
         try:
             # No message size limit: the tool server bounds a request by its own request size limit,
             # and a request this client could not read would take the channel down.
-            return await connect(
-                url, additional_headers=headers, open_timeout=10, compression=None, max_size=None
+            websocket: Any = await connect(
+                url,
+                additional_headers=headers,
+                open_timeout=10,
+                compression=None,
+                max_size=None,
+                create_connection=_direct_connection(),
             )
         except InvalidStatus as exc:
             raise ApprovalConnectionError(
@@ -212,6 +220,8 @@ class ApprovalClient:
             raise ApprovalConnectionError(
                 f"Could not connect to the tool server's approval channel at {url}: {exc}"
             ) from exc
+        websocket.on_text = lambda text: self._dispatch(text, websocket)
+        return websocket
 
     async def disconnect(self) -> None:
         """Disconnect from the approval channel; requests not yet decided fail on the tool server."""
@@ -242,15 +252,15 @@ class ApprovalClient:
         while True:
             websocket = self._websocket
             try:
+                # Whole text messages are handled as they arrive (`_dispatch`); only the others
+                # (binary, or sent in fragments) come through here.
                 async for message in websocket:
-                    delay = _RECONNECT_MIN
-                    request = self._parse(message, websocket)
-                    if request is not None:
-                        handler = asyncio.create_task(self._handle(request))
-                        self._handlers.add(handler)
-                        handler.add_done_callback(self._handlers.discard)
+                    self._dispatch(message, websocket)
             except ConnectionClosed:
                 pass
+            if self._received:
+                self._received = False
+                delay = _RECONNECT_MIN
             # The channel dropped (the tool server closed it, or restarted): decisions on its
             # requests cannot arrive any more; connect again until disconnect().
             logger.warning("The approval channel to the tool server closed; connecting again.")
@@ -263,6 +273,15 @@ class ApprovalClient:
                     break
                 except ApprovalConnectionError as exc:
                     logger.debug("Approval channel not back yet: %s", exc)
+
+    def _dispatch(self, message: str | bytes, websocket: Any) -> None:
+        """Handle one message of the tool server: a decision's notice, or a request for its own task."""
+        self._received = True
+        request = self._parse(message, websocket)
+        if request is not None:
+            handler = asyncio.create_task(self._handle(request))
+            self._handlers.add(handler)
+            handler.add_done_callback(self._handlers.discard)
 
     def _fail_waiting(self) -> None:
         taken, self._taken = self._taken, {}
@@ -287,7 +306,7 @@ class ApprovalClient:
             params = data["params"]
             server_name, tool_name = str(params["server_name"]), str(params["tool_name"])
             tool_args = params.get("tool_args") or {}
-            if not isinstance(request_id, int) or not isinstance(tool_args, dict):
+            if type(request_id) is not int or not isinstance(tool_args, dict):
                 raise ValueError("malformed id or tool_args")
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             logger.warning("Ignored a malformed approval request: %s", exc)
@@ -303,9 +322,13 @@ class ApprovalClient:
                 )
             taken = asyncio.get_running_loop().create_future()
             self._taken[request_id] = taken
-            answer = json.dumps({"jsonrpc": "2.0", "id": request_id, "result": accepted, **extra})
+            flags = "".join(f',"{name}":true' for name, value in extra.items() if value)
+            answer = (
+                f'{{"jsonrpc":"2.0","id":{request_id},"result":{"true" if accepted else "false"}{flags}}}'
+            )
             try:
-                await websocket.send(answer)
+                if not websocket.send_now(answer):
+                    await websocket.send(answer)
             except ConnectionClosed as exc:
                 self._taken.pop(request_id, None)
                 raise ApprovalConnectionError(
@@ -329,3 +352,51 @@ class ApprovalClient:
 
 _RECONNECT_MIN = 0.05
 _RECONNECT_MAX = 2.0
+
+
+@functools.cache
+def _direct_connection() -> type[Any]:
+    """The client connection class that hands whole text messages to ``on_text`` as they arrive.
+
+    websockets queues every message for a reader task to take; here a message that arrives in one
+    frame (the tool server sends each in one) is handled in ``data_received`` already, which saves
+    a task hand-off per message on the approval path. Others take the queue as before.
+    ``send_now`` writes a decision without `send`'s context and drain when nothing holds it up.
+    """
+    from websockets.asyncio.client import ClientConnection
+    from websockets.frames import Frame, Opcode
+    from websockets.protocol import State
+
+    class DirectConnection(ClientConnection):
+        on_text: Callable[[str], None] | None = None
+
+        def send_now(self, text: str) -> bool:
+            """Write a text message at once, if the connection is open, no other message is being
+            sent and writes are not paused; whether it was (if not, `send` waits its turn)."""
+            if self.send_in_progress is not None or self.paused or self.protocol.state is not State.OPEN:
+                return False
+            self.protocol.send_text(text.encode())
+            self.send_data()
+            return True
+
+        def process_event(self, event: Any) -> None:
+            on_text = self.on_text
+            if (
+                on_text is None
+                or not isinstance(event, Frame)
+                or event.opcode is not Opcode.TEXT
+                or not event.fin
+            ):
+                super().process_event(event)
+                return
+            try:
+                text = bytes(event.data).decode()
+            except UnicodeDecodeError:
+                logger.warning("Ignored an approval message that is not UTF-8.")
+                return
+            try:
+                on_text(text)
+            except Exception:  # broad: data_received must not fail; the message is lost, the channel stays
+                logger.exception("Could not handle a message of the approval channel.")
+
+    return DirectConnection

@@ -16,11 +16,13 @@ import asyncio
 import itertools
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from ipybox.app._tool_http import DIRECT_TEXT
 from ipybox.errors import ApprovalClientDisconnected, NoApprovalClientError
 
 __all__ = ["ApprovalChannel", "ApprovalClientDisconnected", "NoApprovalClientError"]
@@ -30,6 +32,8 @@ logger = logging.getLogger("ipybox.tool_exec.approval.server")
 
 # WebSocket close code for refused connections (RFC 6455 "policy violation").
 POLICY_VIOLATION = 1008
+# The notice that answers each decision, for a request id (an int) and whether it was taken.
+_DECIDED = '{"jsonrpc":"2.0","method":"decided","params":{"id":%d,"taken":%s}}'
 
 
 class _Decision(BaseModel):
@@ -63,6 +67,8 @@ class ApprovalChannel:
         self.approval_required = approval_required
         self.approval_timeout = approval_timeout
         self._websocket: WebSocket | None = None
+        # Writes a message to the connected client at once, when its connection has the short cut.
+        self._write: Callable[[str], bool] | None = None
         self._pending: dict[int, asyncio.Future[_Decision]] = {}
         self._ids = itertools.count(1)
         self._closed = asyncio.Event()
@@ -88,21 +94,22 @@ class ApprovalChannel:
         # Claimed before the first await, so two simultaneous connections cannot both get in.
         self._websocket = websocket
         self._closed.clear()
+        # Served by the tool server's own WebSocket protocol, decisions are taken as they arrive
+        # (`_answer`); the loop below takes those that were queued and notices the disconnect.
+        direct = websocket.scope.get("extensions", {}).get(DIRECT_TEXT)
         try:
             await websocket.accept()
+            if direct is not None:
+                self._write = direct(self._answer)
             while True:
-                decided = self._decide(await websocket.receive_text())
-                if decided is not None:
-                    request_id, taken = decided
-                    notice = {
-                        "jsonrpc": "2.0",
-                        "method": "decided",
-                        "params": {"id": request_id, "taken": taken},
-                    }
-                    await websocket.send_text(json.dumps(notice))
+                notice = self._answer(await websocket.receive_text())
+                if notice is not None:
+                    await websocket.send_text(notice)
         except WebSocketDisconnect:
             pass
         finally:
+            if direct is not None:
+                direct(None)
             self._release(websocket)
 
     async def disconnect(self) -> None:
@@ -183,7 +190,9 @@ class ApprovalChannel:
                 # No lock around the send: uvicorn writes each WebSocket message whole, so
                 # concurrent requests cannot interleave their frames.
                 try:
-                    await websocket.send_text(message)
+                    write = self._write
+                    if write is None or not write(message):
+                        await websocket.send_text(message)
                 except (WebSocketDisconnect, RuntimeError, OSError) as exc:
                     raise ApprovalClientDisconnected(
                         "The approval client disconnected before it could be asked."
@@ -194,6 +203,14 @@ class ApprovalChannel:
             raise TimeoutError(f"No approval decision within {self.approval_timeout:g} s.") from None
         finally:
             self._pending.pop(request_id, None)
+
+    def _answer(self, text: str) -> str | None:
+        """Take a decision; the notice that answers it, or ``None`` for a malformed message."""
+        decided = self._decide(text)
+        if decided is None:
+            return None
+        request_id, taken = decided
+        return _DECIDED % (request_id, "true" if taken else "false")
 
     def _decide(self, text: str) -> tuple[int, bool] | None:
         """Take a decision; the request id and whether it was taken, or ``None`` if malformed."""
@@ -215,6 +232,7 @@ class ApprovalChannel:
         if self._websocket is not websocket:
             return
         self._websocket = None
+        self._write = None
         pending, self._pending = self._pending, {}
         for decision in pending.values():
             if not decision.done():

@@ -12,12 +12,15 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import Receive
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import InvalidState
 
 from ipybox._wire import AnswerFields
 from ipybox.errors import ToolCallOutcome
@@ -32,6 +35,10 @@ _MAX_HEAD_SIZE = 64 * 1024
 _HEAD_TIMEOUT = 10.0
 _BODY_TIMEOUT = 60.0
 _MAX_CONNECTIONS = 512
+# Messages of one WebSocket that may wait for the application before reading stops.
+_WS_QUEUE = 4
+# The scope extension through which an application hands `_QueuedWebSocket` its text handler.
+DIRECT_TEXT = "ipybox.direct_text"
 # How long a request waits for room in the tool server's max_inflight_size before it fails.
 _INFLIGHT_WAIT = 60.0
 
@@ -97,6 +104,83 @@ class _BoundedHttp(HttpToolsProtocol):
         self._head_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+
+class _QueuedWebSocket(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol, with two short cuts for the approval channel's messages.
+
+    uvicorn stops reading a connection after each message until the application has taken it,
+    which costs two system calls per message; here it stops once ``_WS_QUEUE`` messages wait,
+    which bounds what a client can queue all the same. And an application that accepted the
+    connection may hand it a synchronous handler of text messages (``DIRECT_TEXT``, an entry of the
+    scope's ``extensions``): each whole text message is then answered in ``data_received``
+    already, without the queue, the task hand-off to the application and its ``send``. The
+    handler returns the text to answer with, or ``None``; handing it over returns a function that
+    writes a text message at once (`_write_text`). A message is queued as before while
+    the connection's writes are paused (the client is not reading), after the application sent
+    its close, or when it is not UTF-8.
+    """
+
+    _on_text: Callable[[str], str | None] | None = None
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][DIRECT_TEXT] = self._take_text
+
+    def _take_text(self, on_text: Callable[[str], str | None] | None) -> Callable[[str], bool]:
+        """Take the application's text handler (``None``: none any more); returns `_write_text`."""
+        self._on_text = on_text
+        return self._write_text
+
+    def _write_text(self, text: str) -> bool:
+        """Write a text message now, if the connection takes writes; whether it was written (if not,
+        the application sends it the ASGI way, which waits for room and reports a closed connection)."""
+        if not self.handshake_complete or self.close_sent or not self.writable.is_set():
+            return False
+        if self.transport.is_closing():
+            return False
+        try:
+            self.conn.send_text(text.encode())
+        except InvalidState:
+            return False
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
+
+    def send_receive_event_to_app(self) -> None:
+        on_text = self._on_text
+        if (
+            on_text is not None
+            and self.curr_msg_data_type == "text"
+            and self.handshake_complete
+            and not self.close_sent
+            and self.writable.is_set()
+        ):
+            frames = self.frames
+            try:
+                text = (frames[0] if len(frames) == 1 else b"".join(frames)).decode()
+            except UnicodeDecodeError:
+                pass  # the base closes the connection for it
+            else:
+                self.frames = []
+                reply = on_text(text)
+                if reply is not None and not self.transport.is_closing():
+                    try:
+                        self.conn.send_text(reply.encode())
+                    except InvalidState:
+                        return  # closing: the application learns it from its receive()
+                    self.transport.write(b"".join(self.conn.data_to_send()))
+                return
+        if self.read_paused or self.queue.qsize() + 1 >= _WS_QUEUE:
+            super().send_receive_event_to_app()
+            return
+        # The base pauses reading unless it is paused already: it is told so for this message.
+        self.read_paused = True
+        try:
+            super().send_receive_event_to_app()
+        finally:
+            self.read_paused = False
 
 
 class _BodyTooLarge(Exception):

@@ -60,6 +60,7 @@ from ipybox.app._tool_http import (
     _error_response,
     _InflightBudget,
     _log_to_stderr_unless_configured,
+    _QueuedWebSocket,
 )
 from ipybox.errors import ToolServerError
 
@@ -293,7 +294,7 @@ class ToolServer(_ShellRoutes):
             access_log=False,
             lifespan="off",
             http=_BoundedHttp,
-            ws="websockets-sansio",
+            ws=_QueuedWebSocket,
             timeout_keep_alive=300,
             timeout_graceful_shutdown=5,
             # Callers are kernels on this machine, never behind a proxy; each of these is work

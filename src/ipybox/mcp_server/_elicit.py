@@ -273,6 +273,8 @@ class ClientApproval:
         asked and unanswered) frees its slot and is left to expire on the tool server."""
         result: types.ElicitResult | None = None
         with anyio.move_on_at(expires) as turn:
+            if self._open.value == 0:
+                logger.debug("%s waits its turn: %d questions are open.", request, MAX_OPEN_QUESTIONS)
             async with self._open:
                 try:
                     result = await ctx.session.elicit_form(
