@@ -73,16 +73,28 @@ class StdinCalls:
     def call(self, body: str) -> tuple[int, Any]:
         """Send one call (a ``/run`` body as JSON) and wait for its outcome: the HTTP status and answer.
 
+        A caller that finds no request in flight makes the requests itself until its own result
+        came (so that an interrupt raises ``KeyboardInterrupt`` right out of its ``input()``), then
+        hands the channel on to a pump thread if other calls still wait.
+
         Raises:
             StdinFailure: The request could not be made or was not answered.
             KeyboardInterrupt: The kernel was interrupted; the call's result, if any, is dropped.
         """
         call_id, slot = self._submit(body, None)
-        self._kick()
+        with self._lock:
+            lead = not self._pumping
+            self._pumping = True
         try:
+            if lead:
+                self._pump(slot)
             slot.done.wait()
         except BaseException:
             self._abandon(call_id)
+            if lead:
+                with self._lock:
+                    self._pumping = False
+                self._kick()
             raise
         return self._outcome(slot)
 
@@ -131,18 +143,22 @@ class StdinCalls:
         return slot.outcome
 
     def _kick(self) -> None:
+        """Start a pump thread if calls wait and nobody makes requests."""
         with self._lock:
-            if self._pumping or not self._queued:
+            if self._pumping or not self._waiting:
                 return
             self._pumping = True
         threading.Thread(target=self._pump, name="ipybox-tool-calls", daemon=True).start()
 
-    def _pump(self) -> None:
+    def _pump(self, until: _Slot | None = None) -> None:
+        """Make requests while calls wait (or until `until` is done, then hand on to a pump thread)."""
         while True:
             with self._lock:
-                if not self._waiting:
+                if not self._waiting or (until is not None and until.done.is_set()):
                     self._pumping = False
-                    return
+                    if until is None or not self._waiting:
+                        return
+                    break
                 acks, self._acks = self._acks, []
                 sent, too_large = self._batch(acks)
             for slot in too_large:
@@ -155,6 +171,7 @@ class StdinCalls:
             failure = self._send(prompt, sent)
             if failure is not None:
                 self._fail_all(failure)
+        self._kick()
 
     def _batch(self, acks: list[int]) -> tuple[list[_Slot], list[_Slot]]:
         """The queued calls that fit in one request, and those that never fit; the rest stay queued (lock held)."""
