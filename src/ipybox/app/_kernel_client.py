@@ -494,7 +494,8 @@ class KernelClient:
         kernel.answering = asyncio.create_task(self._answer_input(kernel, msg))
 
     async def _answer_input(self, kernel: KernelChannels, msg: dict[str, Any]) -> None:
-        prompt = msg["content"].get("prompt")
+        content = msg["content"]
+        prompt = content.get("prompt") if isinstance(content, dict) else None
         handler = self.stdin_handler
         if handler is not None and isinstance(prompt, str) and prompt.startswith(PROMPT_PREFIX):
             value = await handler.input_request(kernel.id, prompt)

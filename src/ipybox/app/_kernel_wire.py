@@ -155,10 +155,12 @@ def decode(frame: str | bytes) -> dict[str, Any]:
     offsets = [int.from_bytes(frame[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
     header = json.loads(frame[offsets[1] : offsets[2]])
     parent = json.loads(frame[offsets[2] : offsets[3]])
+    # The parent header is whatever code in the kernel put there: one of another shape routes nowhere.
+    parent_id = parent.get("msg_id") if isinstance(parent, dict) else None
     return {
         "channel": frame[offsets[0] : offsets[1]].decode(),
         "header": header,
         "msg_type": header["msg_type"],
-        "parent_id": parent.get("msg_id"),
+        "parent_id": parent_id if isinstance(parent_id, str) else None,
         "content": json.loads(frame[offsets[4] : offsets[5]]),
     }
