@@ -207,6 +207,7 @@ class StdinToolCalls:
             )
             return _error(500, "failed", f"Tool call {body.server_name}.{body.tool_name} failed: {exc!r}")
         if _escaped_size(answer) > MAX_MESSAGE_CHARS:
+            charge.swap(0)  # the answer is dropped: it holds none of the in-flight budget
             return _error(
                 502,
                 "failed",
