@@ -24,7 +24,7 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
-from ipybox._wire import PROMPT_PREFIX, ToolServerEnv
+from ipybox._wire import MAX_MESSAGE_CHARS, PROMPT_PREFIX, ToolServerEnv
 from ipybox.app._stdin_tools import MAX_CALLS_IN_FLIGHT
 from ipybox.errors import ApprovalDecisionError
 from tests.conftest import DEMO_SERVER
@@ -251,3 +251,30 @@ print(reply["error"])
 async def test_stdin_channel_is_refused_unless_http_or_stdin() -> None:
     with pytest.raises(ValueError, match="tool_channel must be 'http' or 'stdin'"):
         CodeExecutor(tool_channel="carrier-pigeon")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+async def test_a_result_or_arguments_over_the_channels_cap_fail_that_call_alone(
+    executor: CodeExecutor,
+) -> None:
+    # 7 MB of bytes is 9.3 MB of base64: under the tool server's 32 MiB, over the channel's 8 MiB.
+    code = """
+from mcptools.demo import blob, echo
+for call in (lambda: blob.run_content(blob.Params(size=7_000_000)), lambda: echo.run(echo.Params(text="x" * 9_000_000))):
+    try:
+        call()
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+print(echo.run(echo.Params(text="still here")))
+"""
+    requests, text = await run(executor, code)
+    assert text is not None
+    result, arguments, after = text.splitlines()
+    assert (
+        result.startswith("ToolRunnerError")
+        and f"limit of {MAX_MESSAGE_CHARS} bytes of the kernel's stdin channel" in result
+    )
+    assert arguments.startswith("ToolRunnerError") and "over the stdin channel's limit" in arguments
+    assert after == "still here"
+    # The call whose arguments were too large was never sent: nothing was asked about it.
+    assert [r.tool_name for r in requests] == ["blob", "echo"]
