@@ -237,6 +237,7 @@ class StdinChannel:
     ANSWER: ClassVar[str] = "answer"
     IDLE: ClassVar[str] = "idle"
     ERROR: ClassVar[str] = "error"
+    IDS: ClassVar[str] = "ids"
 
 
 PROMPT_PREFIX: Final = "\x1b]ipybox-tool-call;"

@@ -497,10 +497,12 @@ class KernelClient:
         content = msg["content"]
         prompt = content.get("prompt") if isinstance(content, dict) else None
         handler = self.stdin_handler
+        value = _EOF
         if handler is not None and isinstance(prompt, str) and prompt.startswith(PROMPT_PREFIX):
-            value = await handler.input_request(kernel.id, prompt)
-        else:
-            value = _EOF
+            try:
+                value = await handler.input_request(kernel.id, prompt)
+            except Exception:  # broad: a failed answer must still end the kernel's wait (as end of input)
+                logger.exception("Answering a tool call request of kernel %s failed.", kernel.id)
         with contextlib.suppress(websockets.ConnectionClosed):
             await kernel.ws.send(input_reply(kernel.session, msg["header"], value))
 

@@ -135,17 +135,18 @@ class StdinToolCalls:
         try:
             request = parse_request(prompt)
         except ValueError as exc:
-            return _refusal(str(exc))
+            return _refusal(str(exc), [])
         kernel.take_acks(request.ack)
         ids = [call.id for call in request.calls]
         if len(set(ids)) != len(ids) or any(i in kernel.running or i in kernel.results for i in ids):
             return _refusal(
-                "The tool call request repeats the id of a call in flight; none of its calls ran."
+                "The tool call request repeats the id of a call in flight; none of its calls ran.", ids
             )
         if kernel.in_flight() + len(ids) > MAX_CALLS_IN_FLIGHT:
             return _refusal(
                 f"The kernel has {kernel.in_flight()} tool calls in flight, and at most {MAX_CALLS_IN_FLIGHT} "
-                "may be; none of the request's calls ran. Make fewer calls at once."
+                "may be; none of the request's calls ran. Make fewer calls at once.",
+                ids,
             )
         for call in request.calls:
             task = asyncio.create_task(self._run(kernel, call, kernel.epoch))
@@ -243,8 +244,8 @@ class StdinToolCalls:
         return (head + b",".join(parts) + b"]}").decode()
 
 
-def _refusal(message: str) -> str:
-    return json.dumps({StdinChannel.ERROR: message})
+def _refusal(message: str, ids: list[int]) -> str:
+    return json.dumps({StdinChannel.ERROR: message, StdinChannel.IDS: ids})
 
 
 def _escaped_size(data: bytes) -> int:

@@ -26,12 +26,13 @@ from ipybox._wire import MAX_MESSAGE_CHARS, PROMPT_PREFIX, StdinChannel
 __all__ = ["CHANNEL", "StdinCalls", "StdinFailure"]
 
 _CALLS, _ACK, _ID = StdinChannel.CALLS, StdinChannel.ACK, StdinChannel.ID
-_RESULTS, _STATUS, _ANSWER, _ERROR, _IDLE = (
+_RESULTS, _STATUS, _ANSWER, _ERROR, _IDLE, _IDS = (
     StdinChannel.RESULTS,
     StdinChannel.STATUS,
     StdinChannel.ANSWER,
     StdinChannel.ERROR,
     StdinChannel.IDLE,
+    StdinChannel.IDS,
 )
 
 
@@ -210,7 +211,10 @@ class StdinCalls:
             results = reply.get(_RESULTS)
             error = reply.get(_ERROR)
             if error is not None:
-                self._fail(sent, str(error))
+                # Only the calls it names: a late refusal of another request (one this kernel's
+                # code wrote itself) leaves ours waiting for their own reply.
+                refused = {int(i) for i in reply.get(_IDS, [])}
+                self._fail([slot for slot in sent if slot.id in refused], str(error))
                 return None
             outcomes = [(int(r[_ID]), int(r[_STATUS]), r[_ANSWER]) for r in results]
         except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
