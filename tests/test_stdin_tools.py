@@ -90,6 +90,7 @@ for t in threads:
     t.join()
 print(sorted(out + gathered))
 """
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
     async with CodeExecutor(approve_tool_calls=False, tool_channel="stdin") as ex:
         result = await ex.execute(code, timeout=90)
     assert result.text == str(["12 together"] * 12)
