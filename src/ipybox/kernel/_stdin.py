@@ -2,9 +2,10 @@
 
 For a kernel that reaches nothing but its gateway (another host, a cluster): a tool call asks the
 application the way ``input()`` asks a person. ipykernel pairs a reply with whichever request waits,
-so one request is in flight per kernel; `StdinCalls` therefore runs one pump thread that sends every
-call queued meanwhile in one request and long-polls for the results, while the callers (threads, or
-tasks of an event loop) wait for theirs. A caller that is interrupted (``KeyboardInterrupt`` from
+so one request is in flight per kernel: `StdinCalls` has one thread at a time make requests (a
+blocking caller that finds the channel free, else a pump thread), each carrying every call queued
+meanwhile and long-polling for results, while the other callers (threads, or tasks of an event
+loop) wait for theirs. A caller that is interrupted (``KeyboardInterrupt`` from
 ``cancel()``, a cancelled task) stops waiting at once; its call is never sent again, and its late
 result is acknowledged and dropped.
 
@@ -61,7 +62,7 @@ class _Slot:
 
 
 class StdinCalls:
-    """The kernel's tool calls over its stdin channel: one pump thread, any number of waiting callers."""
+    """The kernel's tool calls over its stdin channel: one thread making requests, any number of waiting callers."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
