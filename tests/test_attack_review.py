@@ -276,16 +276,19 @@ async def test_malformed_messages_from_a_remote_kernel_do_not_stop_its_channel(
 
 
 class _Counting(StdinToolCalls):
-    """The executor's handler, counting the requests it answers at once."""
+    """The executor's handler, counting the requests it answers at once; each answer waits until released
+    (as one waits while its calls run)."""
 
     def __init__(self, server: ToolServer) -> None:
         super().__init__(server)
         self.answering = self.most = 0
+        self.release = asyncio.Event()
 
     async def input_request(self, kernel_id: str, prompt: str) -> str:
         self.answering += 1
         self.most = max(self.most, self.answering)
         try:
+            await self.release.wait()
             return await super().input_request(kernel_id, prompt)
         finally:
             self.answering -= 1
@@ -316,6 +319,7 @@ async def test_a_remote_kernel_flooding_stdin_requests_cannot_pile_them_up_in_th
                 timeout=120,
             )
             assert result.text == "flooded"
+            handler.release.set()
             # The replies the kernel asked for sit on its own stdin socket (its next call purges
             # them); the application goes on serving the kernel.
             code = 'try:\n    run_tool("c", "t", {})\nexcept Exception as exc:\n    print(type(exc).__name__, exc)'
