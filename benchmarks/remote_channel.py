@@ -1,8 +1,8 @@
 """Which channel carries tool calls from a remote kernel: a measurement (docs/remote-design.md).
 
 Runs a gateway in a network namespace with one forwarded port (tests/remote_support.py) and, from
-code in the middle of a cell, sends requests to the application and waits for its answers over:
-  - the stdin channel (``input_request`` / ``input_reply``, ipybox.kernel._remote_channel);
+code in the middle of a cell, sends requests to the application and waits for its answers over the
+two channels other than stdin (benchmarks/stdin_channel.py measures the one chosen):
   - a comm, answered on the shell channel (the main shell is busy with the cell);
   - a comm answered on an ipykernel 7 subshell (``create_subshell_request`` on the control channel).
 Prints the median and 90th percentile round trip per channel and kernel, and whether the answer
@@ -25,23 +25,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ipybox.app._remote_channel import RemoteKernel, RemoteToolCall
+from benchmarks._raw_kernel import RemoteKernel
 from tests.remote_support import enterprise_gateway_argv, gateway_in_netns, kernel_gateway_argv
-
-SRC = str(Path(__file__).resolve().parents[1] / "src")
-
-STDIN_CELL = """
-import json, sys, time
-sys.path.insert(0, {src!r})
-from ipybox.kernel import _remote_channel as rc
-import ipykernel
-times = []
-for i in range({calls}):
-    start = time.perf_counter()
-    rc.call("bench", "echo", {{"i": i}})
-    times.append(time.perf_counter() - start)
-print(json.dumps({{"ipykernel": ipykernel.__version__, "mid_cell": True, "times": times}}))
-"""
 
 COMM_CELL = """
 import json, threading, time
@@ -94,10 +79,6 @@ class CommAnswering(RemoteKernel):
         return reply["content"].get("subshell_id")
 
 
-async def echo(call: RemoteToolCall) -> Any:
-    return call.tool_args
-
-
 def summary(name: str, found: dict[str, Any]) -> str:
     times = sorted(found["times"])
     if not found["mid_cell"] or not times:
@@ -111,7 +92,7 @@ def summary(name: str, found: dict[str, Any]) -> str:
 
 async def measure(label: str, argv: list[str], calls: int) -> None:
     with gateway_in_netns(argv) as gateway:
-        async with CommAnswering(gateway.url, echo, token=gateway.token) as kernel:
+        async with CommAnswering(gateway.url, token=gateway.token) as kernel:
             await kernel.execute("pass")
             trivial = []
             for _ in range(max(20, calls // 5)):
@@ -119,8 +100,6 @@ async def measure(label: str, argv: list[str], calls: int) -> None:
                 await kernel.execute("x = 1")
                 trivial.append(time.perf_counter() - start)
             print(f"{label}: trivial execute median {statistics.median(trivial) * 1e3:.2f} ms")
-            found = json.loads(await kernel.execute(STDIN_CELL.format(src=SRC, calls=calls)))
-            print(summary(f"{label}: stdin input_request", found))
             found = json.loads(await kernel.execute(COMM_CELL.format(calls=calls), timeout=60))
             print(summary(f"{label}: comm, answer on main shell", found))
             kernel.subshell_id = await kernel.create_subshell()

@@ -16,11 +16,12 @@ from typing import Any
 import pytest
 
 from ipybox import CodeExecutor, generate_mcp_sources
+from ipybox._wire import PROMPT_PREFIX
 from ipybox.app import _search_index
 from ipybox.app._oauth_flow import _LoopbackCallback
-from ipybox.app._remote_channel import RemoteKernel
+from ipybox.app._stdin_tools import StdinToolCalls
+from ipybox.app._tool_server import ToolServer
 from ipybox.errors import ToolSearchError
-from ipybox.kernel._remote_channel import PROMPT_PREFIX
 from ipybox.kernel._search import INDEX_FILE
 from ipybox.mcp_server import _search
 from ipybox.tool_exec.search import search_tools
@@ -29,7 +30,7 @@ from tests.mcp_apigen.apigen_support import TOOLS_SERVER
 from tests.mcp_server.support import connected, run, stdio_params, text_of
 from tests.mcp_server.test_approve_tool_calls import Person
 from tests.remote_support import NetnsGateway, gateway_in_netns, kernel_gateway_argv, netns_unavailable
-from tests.test_remote_channel import Recorder, cell
+from tests.test_remote_channel import cell, client
 
 ISSUES = {
     "name": "create_issue",
@@ -245,71 +246,87 @@ def gateway() -> Iterator[NetnsGateway]:
 
 
 @pytest.mark.slow  # a gateway in a network namespace
-async def test_malformed_messages_from_a_remote_kernel_do_not_stop_its_channel(gateway: NetnsGateway) -> None:
+async def test_malformed_messages_from_a_remote_kernel_do_not_stop_its_channel(
+    gateway: NetnsGateway, tmp_path: Path
+) -> None:
     """Code in a remote kernel sends messages of the wrong shape through the gateway (a parent header
     that is a list or a string, a message id that is a list): one frame
     the application's receiver could not take ended it, and every later cell and tool call of
     that kernel waited until its timeout."""
-    async with RemoteKernel(gateway.url, Recorder(), token=gateway.token) as remote:
-        await remote.execute(
-            cell("""
-            kernel = get_ipython().kernel
-            for parent in ([1], {"msg_id": [2]}, "x"):
-                msg = kernel.session.msg("stream", {"name": "stdout", "text": "x"}, parent=kernel.get_parent())
-                msg["parent_header"] = parent
-                kernel.session.send(kernel.iopub_socket, msg)
-            print("sent")
-            """),
-            timeout=60,
-        )
-        output = await remote.execute(cell('print(json.dumps(rc.call("calc", "add", {"a": 1})))'), timeout=60)
-        assert json.loads(output) == {"echo": {"a": 1}}
+    await generate_mcp_sources(
+        "demo", {"command": sys.executable, "args": [str(DEMO_SERVER)]}, tmp_path / "mcptools"
+    )
+    async with ToolServer(approval_required=False) as tools:
+        handler = StdinToolCalls(tools)
+        async with client(gateway, handler) as remote:
+            await remote.execute(
+                cell("""
+                kernel = get_ipython().kernel
+                for parent in ([1], {"msg_id": [2]}, "x"):
+                    msg = kernel.session.msg("stream", {"name": "stdout", "text": "x"}, parent=kernel.get_parent())
+                    msg["parent_header"] = parent
+                    kernel.session.send(kernel.iopub_socket, msg)
+                print("sent")
+                """),
+                timeout=60,
+            )
+            result = await remote.execute(
+                cell('print(json.dumps(run_tool("demo", "add", {"a": 1, "b": 0})))'), timeout=60
+            )
+            assert json.loads(result.text or "") == {"sum": 1}
+        await handler.aclose()
 
 
-class _Held(Recorder):
-    """A handler whose first call waits (the application asking for approval) until released."""
+class _Counting(StdinToolCalls):
+    """The executor's handler, counting the requests it answers at once; each answer waits until released
+    (as one waits while its calls run)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, server: ToolServer) -> None:
+        super().__init__(server)
+        self.answering = self.most = 0
         self.release = asyncio.Event()
-        self.waiting = asyncio.Event()
 
-    async def __call__(self, call: Any) -> Any:
-        self.waiting.set()
-        await self.release.wait()
-        return await super().__call__(call)
+    async def input_request(self, kernel_id: str, prompt: str) -> str:
+        self.answering += 1
+        self.most = max(self.most, self.answering)
+        try:
+            await self.release.wait()
+            return await super().input_request(kernel_id, prompt)
+        finally:
+            self.answering -= 1
 
 
 @pytest.mark.slow  # a gateway in a network namespace
 async def test_a_remote_kernel_flooding_stdin_requests_cannot_pile_them_up_in_the_application(
     gateway: NetnsGateway,
 ) -> None:
-    """While one call waits for approval (the first of them), code in the kernel sends a hundred large stdin requests
-    without waiting for replies (ipykernel's own input() never does that): each became a task
-    holding its message in the application, without bound. At most a few wait; the rest are
-    dropped."""
-    handler = _Held()
-    async with RemoteKernel(gateway.url, handler, token=gateway.token) as remote:
-        flood = asyncio.ensure_future(
-            remote.execute(
+    """Code in the kernel sends a hundred large stdin requests without waiting for replies
+    (ipykernel's own input() never does that): each became a task holding its message in the
+    application, without bound. A new request means nobody reads the answer to the one before, so
+    one answer is made per kernel at a time."""
+    async with ToolServer(approval_required=False) as tools:
+        handler = _Counting(tools)
+        async with client(gateway, handler) as remote:
+            result = await remote.execute(
                 cell(f"""
                 kernel = get_ipython().kernel
                 ident, parent = kernel._parent_ident["shell"], kernel.get_parent()
-                big = {PROMPT_PREFIX!r} + json.dumps({{"id": 1, "server_name": "c", "tool_name": "t",
-                                                      "tool_args": {{"pad": "x" * 100_000}}}})
-                for _ in range(100):
+                for n in range(100):
+                    call = {{"id": n, "server_name": "c", "tool_name": "t", "tool_args": {{"pad": "x" * 100_000}}}}
+                    big = {PROMPT_PREFIX!r} + json.dumps({{"calls": [call], "ack": []}})
                     kernel.session.send(kernel.stdin_socket, "input_request", {{"prompt": big, "password": False}},
                                         parent=parent, ident=ident)
                 print("flooded")
                 """),
                 timeout=120,
             )
-        )
-        await handler.waiting.wait()
-        assert (await flood) == "flooded\n"
-        piled = len(remote._answers)
-        handler.release.set()
-        assert piled <= 8, piled
-        # The replies the kernel asked for sit on its own stdin socket (its next call would read one
-        # and refuse it as not its own); the application goes on serving the kernel.
-        assert await remote.execute("print('alive')", timeout=60) == "alive\n"
+            assert result.text == "flooded"
+            handler.release.set()
+            # The replies the kernel asked for sit on its own stdin socket (its next call purges
+            # them); the application goes on serving the kernel.
+            code = 'try:\n    run_tool("c", "t", {})\nexcept Exception as exc:\n    print(type(exc).__name__, exc)'
+            result = await remote.execute(cell(code), timeout=60)
+            assert result.text is not None and result.text.startswith("ToolRunnerError")
+            assert "'c' is not registered" in result.text
+            assert handler.most == 1
+        await handler.aclose()

@@ -42,17 +42,24 @@ def state_dir(workdir: Path) -> Path:
 @pytest_asyncio.fixture(
     scope="module",
     loop_scope="module",
-    params=[False, pytest.param(True, marks=pytest.mark.slow)],  # a sandboxed start is slow
-    ids=["unsandboxed", "sandboxed"],
+    params=[
+        "unsandboxed",
+        pytest.param("sandboxed", marks=pytest.mark.slow),  # a sandboxed start is slow
+        pytest.param("stdin", marks=pytest.mark.slow),
+    ],
 )
 async def executor(workdir: Path, request: pytest.FixtureRequest) -> AsyncIterator[CodeExecutor]:
-    """Every test that takes it runs twice: with the kernel as the application's user, and in srt."""
-    sandbox: bool = request.param
+    """Every test that takes it runs three times: with the kernel as the application's user, in srt,
+    and with tool calls over the kernel's stdin channel (as a kernel on another host makes them)."""
+    sandbox = request.param == "sandboxed"
     if sandbox:
         require_sandbox()
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
     async with CodeExecutor(
-        images_dir=workdir / "images", kernel_env={"GREETING": "hello"}, sandbox=sandbox
+        images_dir=workdir / "images",
+        kernel_env={"GREETING": "hello"},
+        sandbox=sandbox,
+        tool_channel="stdin" if request.param == "stdin" else "http",
     ) as ex:
         yield ex
 

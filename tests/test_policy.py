@@ -35,14 +35,15 @@ def state_dir(workdir: Path) -> Path:
     return workdir / "state"
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def executor(workdir: Path) -> AsyncIterator[CodeExecutor]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["http", "stdin"])
+async def executor(workdir: Path, request: pytest.FixtureRequest) -> AsyncIterator[CodeExecutor]:
+    """Each test runs with tool calls over HTTP and over the kernel's stdin channel (same policy and trail)."""
     import os
 
     os.environ["POLICY_TEST_SECRET"] = SECRET
     params = {"command": sys.executable, "args": [str(ANNOTATED)], "env": {"TOKEN": "${POLICY_TEST_SECRET}"}}
     await generate_mcp_sources("annot", params, workdir / "mcptools")
-    async with CodeExecutor(approve_shell_cmds=True, audit=True) as ex:
+    async with CodeExecutor(approve_shell_cmds=True, audit=True, tool_channel=request.param) as ex:
         yield ex
 
 

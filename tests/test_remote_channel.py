@@ -1,11 +1,14 @@
-"""Tool calls from a kernel on a "remote host", over the kernel's own stdin channel (prototype).
+"""Tool calls from a kernel on a "remote host", over the kernel's own stdin channel.
 
 The kernel reaches nothing but its gateway, so every answer travels over the gateway's WebSocket.
-The gateways are those that ``IPYBOX_TEST_GATEWAYS`` selects (tests/remote_support.py): by default
-a plain Jupyter Kernel Gateway (ipykernel 7) and, when ``IPYBOX_TEST_EG_PYTHON`` names the Python of
-an Enterprise Gateway 3.3 environment (``bash scripts/test-remote.sh`` makes one), Enterprise
-Gateway (ipykernel 6), each in a network namespace of its own; ``bash scripts/test-remote-docker.sh``
-adds both gateways starting kernels in Docker containers.
+The application side is a plain `KernelClient` with the executor's stdin handler (`StdinToolCalls`)
+and a `ToolServer` whose run path (registry, approval, limits) each call takes; the MCP server runs
+in the application. The gateways are those that ``IPYBOX_TEST_GATEWAYS`` selects
+(tests/remote_support.py): by default a plain Jupyter Kernel Gateway (ipykernel 7) and, when
+``IPYBOX_TEST_EG_PYTHON`` names the Python of an Enterprise Gateway 3.3 environment (``bash
+scripts/test-remote.sh`` makes one), Enterprise Gateway (ipykernel 6), each in a network namespace of
+its own; ``bash scripts/test-remote-docker.sh`` adds both gateways starting kernels in Docker
+containers.
 """
 
 from __future__ import annotations
@@ -13,169 +16,185 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import tempfile
 import textwrap
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
-# Private: both halves of the remote channel (application and kernel side) are internal; these
-# tests drive them directly.
-from ipybox.app._remote_channel import RemoteKernel, RemoteToolCall
-from ipybox.errors import ToolRunnerError
-from ipybox.kernel._remote_channel import PROMPT_PREFIX
+from ipybox import generate_mcp_sources
+from ipybox._wire import PROMPT_PREFIX, StdinChannel, ToolServerEnv
+from ipybox.app._kernel_client import KernelClient
+from ipybox.app._stdin_tools import StdinToolCalls
+from ipybox.app._tool_server import ToolServer
+from ipybox.errors import KernelConnectionError
+from tests.conftest import DEMO_SERVER
 from tests.remote_support import NetnsGateway, gateway
 
 __all__ = ["gateway"]  # the fixture, chosen by IPYBOX_TEST_GATEWAYS (tests/remote_support.py)
 
 pytestmark = pytest.mark.slow
 
-# The kernel side, importable in a kernel whose environment lacks ipybox (Enterprise Gateway's).
+DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
+# The kernel side, importable in a kernel whose environment lacks ipybox (Enterprise Gateway's); the
+# variable the executor gives a kernel whose calls go over stdin.
 SRC = str(Path(__file__).resolve().parents[1] / "src")
-PREAMBLE = f"import json, sys\nsys.path.insert(0, {SRC!r})\nfrom ipybox.kernel import _remote_channel as rc\n"
-
-
-class Recorder:
-    """An application's tool handler: records each call and answers from `answer`."""
-
-    def __init__(self, answer: Any = None, error: ToolRunnerError | None = None) -> None:
-        self.calls: list[RemoteToolCall] = []
-        self.answer = answer
-        self.error = error
-
-    async def __call__(self, call: RemoteToolCall) -> Any:
-        self.calls.append(call)
-        if self.error is not None:
-            raise self.error
-        return self.answer if self.answer is not None else {"echo": call.tool_args}
+PREAMBLE = (
+    f"import json, os, sys\nsys.path.insert(0, {SRC!r})\n"
+    f"os.environ[{ToolServerEnv.CHANNEL!r}] = {StdinChannel.VALUE!r}\n"
+    "from ipybox.kernel._tool_client import run_tool\n"
+)
 
 
 @pytest.fixture
-async def kernel(gateway: NetnsGateway) -> AsyncIterator[tuple[RemoteKernel, Recorder]]:
-    recorder = Recorder()
-    async with RemoteKernel(gateway.url, recorder, token=gateway.token) as remote:
-        yield remote, recorder
+async def tools(tmp_path: Path) -> AsyncIterator[ToolServer]:
+    """The application's tool server, with the demo server registered (approval asked of nobody)."""
+    await generate_mcp_sources("demo", DEMO, tmp_path / "mcptools")
+    async with ToolServer(approval_required=False) as server:
+        yield server
+
+
+def client(gateway: NetnsGateway, handler: StdinToolCalls) -> KernelClient:
+    address = urlsplit(gateway.url)
+    assert address.hostname is not None and address.port is not None
+    return KernelClient(
+        address.hostname, address.port, auth_token=gateway.token, spare_kernel=False, stdin_handler=handler
+    )
+
+
+@pytest.fixture
+async def kernel(gateway: NetnsGateway, tools: ToolServer) -> AsyncIterator[KernelClient]:
+    handler = StdinToolCalls(tools)
+    remote = client(gateway, handler)
+    try:
+        await remote.connect(retries=1)
+    except KernelConnectionError as exc:
+        if "WebSocket protocol" in str(exc):
+            pytest.skip(f"the kernel client does not speak this gateway's WebSocket protocol yet: {exc}")
+        raise
+    try:
+        yield remote
+    finally:
+        await remote.disconnect()
+        await handler.aclose()
 
 
 def cell(body: str) -> str:
     return PREAMBLE + textwrap.dedent(body)
 
 
-async def test_kernel_code_gets_the_applications_reply_to_a_tool_call_in_the_middle_of_a_cell(
-    kernel: tuple[RemoteKernel, Recorder],
+async def output(remote: KernelClient, code: str) -> str:
+    return (await remote.execute(code, timeout=60)).text or ""
+
+
+async def test_kernel_code_gets_a_registered_tools_result_in_the_middle_of_a_cell(
+    kernel: KernelClient,
 ) -> None:
-    remote, recorder = kernel
-    output = await remote.execute(
+    text = await output(
+        kernel,
         cell("""
-        first = rc.call("calc", "add", {"a": 1, "b": 2})
-        second = rc.call("calc", "add", {"a": first["echo"]["a"] + 1, "b": 0})
+        first = run_tool("demo", "add", {"a": 1, "b": 2})
+        second = run_tool("demo", "add", {"a": first["sum"], "b": 10})
         print(json.dumps([first, second]))
         print("still in the cell")
-        """)
+        """),
     )
-    lines = output.splitlines()
-    assert json.loads(lines[0]) == [{"echo": {"a": 1, "b": 2}}, {"echo": {"a": 2, "b": 0}}]
-    assert lines[1] == "still in the cell"
-    assert [(c.kernel_id, c.server_name, c.tool_name) for c in recorder.calls] == [
-        (remote.kernel_id, "calc", "add"),
-        (remote.kernel_id, "calc", "add"),
-    ]
+    assert text.splitlines() == ['[{"sum": 3}, {"sum": 13}]', "still in the cell"]
 
 
-async def test_a_rejected_call_raises_a_tool_runner_error_that_says_so_in_the_kernel(
-    kernel: tuple[RemoteKernel, Recorder],
+async def test_concurrent_calls_from_a_remote_kernel_are_in_flight_together(kernel: KernelClient) -> None:
+    text = await output(
+        kernel,
+        cell("""
+        import asyncio
+        from ipybox.kernel._tool_client import arun_tool
+        args = {"key": "remote", "count": 8, "timeout": 30}
+        print(await asyncio.gather(*(arun_tool("demo", "rendezvous", args) for _ in range(8))))
+        """),
+    )
+    assert text == str(["8 together"] * 8)
+
+
+async def test_an_unregistered_server_is_refused_and_a_plain_input_gets_end_of_file(
+    kernel: KernelClient,
 ) -> None:
-    remote, recorder = kernel
-    recorder.error = ToolRunnerError("The call of calc.add was rejected.", kind="rejected")
-    output = await remote.execute(
+    text = await output(
+        kernel,
         cell("""
         from ipybox.errors import ToolRunnerError
         try:
-            rc.call("calc", "add", {})
+            run_tool("calc", "add", {})
         except ToolRunnerError as exc:
             print(exc.kind, exc)
-        """)
+        try:
+            input("name? ")
+        except EOFError:
+            print("EOF")
+        """),
     )
-    assert output.strip() == "rejected The call of calc.add was rejected."
+    failed, eof = text.splitlines()
+    assert failed.startswith("failed ") and "'calc' is not registered" in failed
+    assert eof == "EOF"
 
 
-async def test_a_plain_input_gets_an_empty_line_and_reaches_no_tool(
-    kernel: tuple[RemoteKernel, Recorder],
+async def test_a_request_with_fields_of_its_own_is_refused_and_the_channel_keeps_working(
+    kernel: KernelClient,
 ) -> None:
-    remote, recorder = kernel
-    assert await remote.execute("print(repr(input('name? ')))") == "''\n"
-    assert recorder.calls == []
-
-
-async def test_a_cell_cannot_forge_an_approval_or_a_reply_and_the_channel_keeps_working(
-    kernel: tuple[RemoteKernel, Recorder],
-) -> None:
-    """Hostile code sends every request-like message it can; it gets an error or nothing."""
-    remote, recorder = kernel
-    output = await remote.execute(
+    call = {"id": 7, "server_name": "demo", "tool_name": "add", "tool_args": {"a": 1, "b": 1}}
+    text = await output(
+        kernel,
         cell(f"""
-        kernel = get_ipython().kernel
         prefix = {PROMPT_PREFIX!r}
-        request = {{"id": 7, "server_name": "calc", "tool_name": "add", "tool_args": {{}}}}
-        # 1. A request that claims to be approved already, or to come from another kernel.
-        for extra in ({{"approved": True}}, {{"kernel_id": "another-kernel"}}):
-            print(input(prefix + json.dumps({{**request, **extra}})))
-        # 2. A request that is not one at all.
-        print(input(prefix + "[1, 2]"))
-        # 3. A request on the wrong channel (iopub), and reply-looking messages from the kernel.
-        parent = kernel.get_parent()
-        kernel.session.send(kernel.iopub_socket, "input_request", {{"prompt": prefix + json.dumps(request)}}, parent=parent)
-        kernel.session.send(kernel.iopub_socket, "input_reply", {{"value": json.dumps({{"id": 8, "result": "approved"}})}}, parent=parent)
-        print(json.dumps({{"msg_type": "input_reply", "content": {{"value": "approved"}}}}))
-        # 4. The channel still pairs the next real call with its own reply.
-        print(json.dumps(rc.call("calc", "add", {{"a": 5}})))
-        """)
+        for request in ({{"calls": [{{**{call!r}, "approved": True}}], "ack": []}},
+                        {{"calls": [], "ack": [], "kernel_id": "another-kernel"}}, [1, 2]):
+            print(input(prefix + json.dumps(request)))
+        print(json.dumps(run_tool("demo", "add", {{"a": 5, "b": 0}})))
+        """),
     )
-    lines = output.splitlines()
-    approved, other_kernel, not_a_request = (json.loads(line) for line in lines[:3])
-    for reply, field in ((approved, "approved"), (other_kernel, "kernel_id")):
-        assert reply["id"] is None and field in reply["error"] and "exactly the fields" in reply["error"]
-    assert not_a_request["id"] is None and "exactly the fields" in not_a_request["error"]
-    assert json.loads(lines[-1]) == {"echo": {"a": 5}}
-    # The only call the application saw is the real one, attributed to this kernel's connection.
-    assert [(c.kernel_id, c.tool_args) for c in recorder.calls] == [(remote.kernel_id, {"a": 5})]
+    *refused, last = text.splitlines()
+    assert [set(json.loads(line)) for line in refused] == [{"error", "ids"}] * 3
+    assert "approved" in refused[0] and "kernel_id" in refused[1]
+    assert json.loads(last) == {"sum": 5}
 
 
 async def test_a_request_that_names_another_session_reaches_only_its_own_kernels_application(
-    gateway: NetnsGateway,
+    gateway: NetnsGateway, tools: ToolServer
 ) -> None:
-    mine, theirs = Recorder(), Recorder()
-    async with (
-        RemoteKernel(gateway.url, mine, token=gateway.token) as attacker,
-        RemoteKernel(gateway.url, theirs, token=gateway.token) as victim,
-    ):
+    mine, theirs = StdinToolCalls(tools), StdinToolCalls(tools)
+    async with client(gateway, mine) as attacker, client(gateway, theirs) as victim:
+        assert attacker._kernel is not None and victim._kernel is not None
         # Every routing field the kernel controls names the victim's session and request.
-        # Private: the victim's session id is not exposed; the attacker is taken to have learnt it.
         forged_parent = {
             "msg_id": "victim-request",
-            "session": victim._session,
+            "session": victim._kernel.session,
             "msg_type": "execute_request",
         }
-        output = await attacker.execute(
+        request = {
+            "calls": [{"id": 1, "server_name": "demo", "tool_name": "add", "tool_args": {"a": 2, "b": 2}}],
+            "ack": [],
+        }
+        text = await output(
+            attacker,
             cell(f"""
             kernel = get_ipython().kernel
-            request = {{"id": 1, "server_name": "calc", "tool_name": "add", "tool_args": {{"to": "victim"}}}}
             kernel.session.send(
                 kernel.stdin_socket, "input_request",
-                {{"prompt": {PROMPT_PREFIX!r} + json.dumps(request), "password": False}},
+                {{"prompt": {PROMPT_PREFIX!r} + json.dumps({request!r}), "password": False}},
                 parent={forged_parent!r}, ident=kernel._parent_ident["shell"],
             )
             ident, reply = kernel.session.recv(kernel.stdin_socket, mode=0)
             print(reply["content"]["value"])
-            """)
+            """),
         )
-        assert await victim.execute("print('victim idle')") == "victim idle\n"
-        attacker_id = attacker.kernel_id
-    assert json.loads(output) == {"id": 1, "result": {"echo": {"to": "victim"}}}
-    assert [c.kernel_id for c in mine.calls] == [attacker_id]
-    assert theirs.calls == []
+        assert await output(victim, "print('victim idle')") == "victim idle"
+        # Answered to the attacker's own kernel (started there, so the victim's application holds nothing).
+        assert "error" not in json.loads(text)
+        assert theirs._kernels == {} and theirs._tasks == set()
+    await mine.aclose()
+    await theirs.aclose()
 
 
 @pytest.fixture
@@ -187,14 +206,13 @@ def host_tmp_file() -> Iterator[Path]:
 
 
 async def test_the_kernel_reaches_neither_the_hosts_network_nor_its_tmp(
-    kernel: tuple[RemoteKernel, Recorder], gateway: NetnsGateway, host_tmp_file: Path
+    kernel: KernelClient, gateway: NetnsGateway, host_tmp_file: Path
 ) -> None:
     """What the remote cases rest on: the only way out of the kernel is the gateway's WebSocket.
 
     A kernel in a container also tries a port of the host's that listens on the host's address in
     the kernels' network: of the host, only the gateway's response port is open to it there.
     """
-    remote, _ = kernel
     with (
         socket.create_server(("127.0.0.1", 0)) as listener,
         # A service of the host's on its address in the kernels' network (where there is one).
@@ -203,7 +221,8 @@ async def test_the_kernel_reaches_neither_the_hosts_network_nor_its_tmp(
         targets = [("127.0.0.1", listener.getsockname()[1]), ("10.0.2.2", 80), ("1.1.1.1", 53)]
         if gateway.kernel_host_address is not None:
             targets.append((gateway.kernel_host_address, on_host.getsockname()[1]))
-        output = await remote.execute(
+        text = await output(
+            kernel,
             textwrap.dedent(f"""
             import os, socket
             for address in {targets!r}:
@@ -213,16 +232,16 @@ async def test_the_kernel_reaches_neither_the_hosts_network_nor_its_tmp(
                 except OSError as exc:
                     print("blocked", type(exc).__name__)
             print("host tmp visible:", os.path.exists({str(host_tmp_file)!r}))
-            """)
+            """),
         )
-    lines = output.splitlines()
-    assert len(lines) == len(targets) + 1, output
-    assert all(line.startswith("blocked") for line in lines[:-1]), output
+    lines = text.splitlines()
+    assert len(lines) == len(targets) + 1, text
+    assert all(line.startswith("blocked") for line in lines[:-1]), text
     assert lines[-1] == "host tmp visible: False"
 
 
 async def test_kernel_code_in_a_container_finds_no_trace_of_the_gateways_token(
-    kernel: tuple[RemoteKernel, Recorder], gateway: NetnsGateway
+    kernel: KernelClient, gateway: NetnsGateway
 ) -> None:
     """Attack: read the gateway's token from the kernel's environment (its launcher copies its own).
 
@@ -232,8 +251,8 @@ async def test_kernel_code_in_a_container_finds_no_trace_of_the_gateways_token(
     """
     if gateway.kernel_host_address is None:
         pytest.skip("the kernel runs beside the gateway, whose environment it can read")
-    remote, _ = kernel
-    output = await remote.execute(
+    text = await output(
+        kernel,
         textwrap.dedent(f"""
         import os
         seen = [name for name, value in os.environ.items() if {gateway.token!r} in value]
@@ -246,12 +265,14 @@ async def test_kernel_code_in_a_container_finds_no_trace_of_the_gateways_token(
                 except OSError:
                     pass
         print(seen, sorted(name for name in os.environ if name.startswith(("KG_", "JUPYTER_GATEWAY"))))
-        """)
+        """),
     )
-    assert output == "[] []\n"
+    assert text == "[] []\n"
 
 
-async def test_a_kernel_in_a_container_cannot_reach_another_sessions_kernel(gateway: NetnsGateway) -> None:
+async def test_a_kernel_in_a_container_cannot_reach_another_sessions_kernel(
+    gateway: NetnsGateway, tools: ToolServer
+) -> None:
     """Attack: connect from one session's kernel to a port another session's kernel listens on.
 
     Kernels beside one gateway share its host; in containers each has its own address, and the
@@ -259,20 +280,20 @@ async def test_a_kernel_in_a_container_cannot_reach_another_sessions_kernel(gate
     """
     if gateway.kernel_host_address is None:
         pytest.skip("the kernels run beside the gateway, on one host")
-    async with (
-        RemoteKernel(gateway.url, Recorder(), token=gateway.token) as attacker,
-        RemoteKernel(gateway.url, Recorder(), token=gateway.token) as victim,
-    ):
-        address = await victim.execute(
+    mine, theirs = StdinToolCalls(tools), StdinToolCalls(tools)
+    async with client(gateway, mine) as attacker, client(gateway, theirs) as victim:
+        address = await output(
+            victim,
             textwrap.dedent("""
             import socket
             victim_listener = socket.create_server(("0.0.0.0", 0))
             # The container's address in the kernels' network (Docker writes it in /etc/hosts).
             print(socket.gethostbyname(socket.gethostname()), victim_listener.getsockname()[1])
-            """)
+            """),
         )
         ip, port = address.split()
-        output = await attacker.execute(
+        text = await output(
+            attacker,
             textwrap.dedent(f"""
             import socket
             try:
@@ -280,6 +301,8 @@ async def test_a_kernel_in_a_container_cannot_reach_another_sessions_kernel(gate
                 print("reached")
             except OSError as exc:
                 print("blocked", type(exc).__name__)
-            """)
+            """),
         )
-    assert output.startswith("blocked"), output
+    await mine.aclose()
+    await theirs.aclose()
+    assert text.startswith("blocked"), text

@@ -23,11 +23,12 @@ def state_dir(workdir: Path) -> Path:
     return workdir / "state"
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def executor(workdir: Path) -> AsyncIterator[CodeExecutor]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["http", "stdin"])
+async def executor(workdir: Path, request: pytest.FixtureRequest) -> AsyncIterator[CodeExecutor]:
+    """Each test runs with tool calls over HTTP and over the kernel's stdin channel (batched there)."""
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
     await generate_mcp_sources("other", DEMO, workdir / "mcptools")
-    async with CodeExecutor(images_dir=workdir / "images") as ex:
+    async with CodeExecutor(images_dir=workdir / "images", tool_channel=request.param) as ex:
         yield ex
 
 

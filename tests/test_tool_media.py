@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import pytest_asyncio
@@ -29,11 +30,14 @@ def state_dir(workdir: Path) -> Path:
     return workdir / "state"
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def executor(workdir: Path, streamable_http_url: str) -> AsyncIterator[CodeExecutor]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["http", "stdin"])
+async def executor(
+    workdir: Path, streamable_http_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[CodeExecutor]:
+    """Each test runs with tool calls over HTTP and over the kernel's stdin channel."""
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
     await generate_mcp_sources("demo_http", {"url": streamable_http_url}, workdir / "mcptools")
-    async with CodeExecutor(images_dir=workdir / "images") as ex:
+    async with CodeExecutor(images_dir=workdir / "images", tool_channel=request.param) as ex:
         yield ex
 
 
@@ -166,10 +170,13 @@ async def test_a_tool_servers_own_limit_fails_a_larger_result_over_stdio_and_the
 
 
 @pytest.mark.slow
-async def test_an_executors_own_limit_fails_a_larger_result_and_the_next_call_works(workdir: Path) -> None:
+@pytest.mark.parametrize("channel", ["http", "stdin"])
+async def test_an_executors_own_limit_fails_a_larger_result_and_the_next_call_works(
+    workdir: Path, channel: Literal["http", "stdin"]
+) -> None:
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
     async with CodeExecutor(
-        images_dir=workdir / "images", approve_tool_calls=False, max_result_size=10_000
+        images_dir=workdir / "images", approve_tool_calls=False, max_result_size=10_000, tool_channel=channel
     ) as ex:
         with pytest.raises(CodeExecutionError, match=r"over the tool server.s limit of 10000"):
             await ex.execute("from mcptools.demo import blob\nblob.run_content(blob.Params(size=10_000))")

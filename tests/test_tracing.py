@@ -49,10 +49,13 @@ def traced() -> Iterator[Traced]:
     traced.provider.shutdown()
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def executor(workdir: Path, traced: Traced) -> AsyncIterator[CodeExecutor]:
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["http", "stdin"])
+async def executor(
+    workdir: Path, traced: Traced, request: pytest.FixtureRequest
+) -> AsyncIterator[CodeExecutor]:
+    """Each test runs with tool calls over HTTP and over the kernel's stdin channel (the same spans)."""
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
-    async with CodeExecutor(tracing=traced.provider) as ex:
+    async with CodeExecutor(tracing=traced.provider, tool_channel=request.param) as ex:
         yield ex
 
 

@@ -11,16 +11,20 @@ from typing import get_args
 import pytest
 
 from ipybox._wire import (
+    CALL_FIELDS,
+    REQUEST_FIELDS,
     GatewayEnv,
     KernelEnv,
     PoolEnv,
     RunFields,
     ShellAnswerFields,
     ShellFields,
+    StdinChannel,
     ToolServerEnv,
     ToolServerPaths,
 )
 from ipybox.app._shell import ShellResult, _ShellRequest
+from ipybox.app._stdin_tools import _Call, _Request
 from ipybox.app._tool_calls import _RunRequest
 from ipybox.app._tool_http import _error
 from ipybox.errors import ToolCallOutcome
@@ -39,6 +43,7 @@ from ipybox.kernel._tool_client import ToolRunner
             host="127.0.0.1", port=1234, token="t0k", proxy="http://proxy:3128", socket="/run/tools.sock"
         ),
         ToolServerEnv(token=""),
+        ToolServerEnv(channel="stdin"),
     ],
 )
 def test_the_tool_server_address_round_trips_through_the_environment(address: ToolServerEnv) -> None:
@@ -49,6 +54,7 @@ def test_the_tool_server_address_round_trips_through_the_environment(address: To
         ToolServerEnv.TOKEN,
         ToolServerEnv.PROXY,
         ToolServerEnv.SOCKET,
+        ToolServerEnv.CHANNEL,
     }
     assert ToolServerEnv.from_env(env) == address
 
@@ -59,6 +65,13 @@ def test_an_empty_environment_gives_the_default_address() -> None:
 
 def test_the_tool_servers_model_has_the_run_fields() -> None:
     assert set(_RunRequest.model_fields) == RunFields.ALL
+
+
+def test_the_stdin_channels_models_have_the_request_and_call_fields() -> None:
+    assert set(_Request.model_fields) == REQUEST_FIELDS
+    assert set(_Call.model_fields) == CALL_FIELDS
+    # A call is a /run body without server_params (never taken from a kernel) and with an id.
+    assert CALL_FIELDS == (RunFields.ALL - {RunFields.SERVER_PARAMS}) | {StdinChannel.ID}
 
 
 @pytest.mark.parametrize("content", [False, True])

@@ -29,17 +29,25 @@ class ToolServerEnv:
     TOKEN: ClassVar[str] = "TOOL_SERVER_TOKEN"
     PROXY: ClassVar[str] = "TOOL_SERVER_PROXY"
     SOCKET: ClassVar[str] = "TOOL_SERVER_SOCKET"
+    CHANNEL: ClassVar[str] = "TOOL_SERVER_CHANNEL"
+    """``"stdin"``: tool calls go over the kernel's stdin channel (`StdinChannel`), not HTTP."""
 
     host: str = "localhost"
     port: int = 8900
     token: str | None = None
     proxy: str | None = None
     socket: str | None = None
+    channel: str | None = None
 
     def to_env(self) -> dict[str, str]:
         """The environment variables that give this address (unset fields are left out)."""
         env = {self.HOST: self.host, self.PORT: str(self.port)}
-        for name, value in ((self.TOKEN, self.token), (self.PROXY, self.proxy), (self.SOCKET, self.socket)):
+        for name, value in (
+            (self.TOKEN, self.token),
+            (self.PROXY, self.proxy),
+            (self.SOCKET, self.socket),
+            (self.CHANNEL, self.channel),
+        ):
             if value is not None:
                 env[name] = value
         return env
@@ -53,6 +61,7 @@ class ToolServerEnv:
             token=environ.get(cls.TOKEN),
             proxy=environ.get(cls.PROXY) or None,
             socket=environ.get(cls.SOCKET) or None,
+            channel=environ.get(cls.CHANNEL) or None,
         )
 
 
@@ -205,3 +214,48 @@ class ShellAnswerFields:
     """Why the command was stopped before its end (a time or output limit), else ``None``."""
 
     ALL: ClassVar[frozenset[str]] = frozenset({STDOUT, STDERR, EXIT_CODE, STOPPED})
+
+
+class StdinChannel:
+    """Tool calls over the kernel's own stdin channel, for a kernel that can reach nothing but its gateway.
+
+    The kernel (``kernel/_stdin.py``) asks with ``input(PROMPT_PREFIX + request)``: ipykernel sends an
+    ``input_request`` to the client that runs the cell, and its ``input_reply`` carries the answer,
+    mid-cell. The application (``app/_stdin_tools.py``) parses the request strictly and runs each call
+    through the tool server's ``/run`` path. ipykernel pairs a reply with whichever request waits, so
+    one request is in flight per kernel: a request starts every call queued meanwhile and hands back
+    the results that are ready (long-polling when none is).
+
+    A request is ``{"calls": [{"id", "server_name", "tool_name", "tool_args", "content"}, ...],
+    "ack": [ids]}`` (exactly these fields): ``calls`` are new calls (``content`` as in ``/run``,
+    optional), ``ack`` the ids whose results arrived (the application sends a result again until it is
+    acknowledged; a result nobody waits for any more, of an interrupted call, is acknowledged and
+    dropped). The reply is
+    ``{"results": [{"id", "status", "answer"}, ...]}``, ``answer`` being the JSON answer ``/run`` would
+    give with that HTTP status, or ``{"error": message}`` when the request was refused as a whole
+    (none of its calls started).
+    """
+
+    VALUE: ClassVar[str] = "stdin"
+    """The value of `ToolServerEnv.CHANNEL` that selects this channel."""
+    CALLS: ClassVar[str] = "calls"
+    ACK: ClassVar[str] = "ack"
+    ID: ClassVar[str] = "id"
+    RESULTS: ClassVar[str] = "results"
+    STATUS: ClassVar[str] = "status"
+    ANSWER: ClassVar[str] = "answer"
+    IDLE: ClassVar[str] = "idle"
+    ERROR: ClassVar[str] = "error"
+    IDS: ClassVar[str] = "ids"
+
+
+PROMPT_PREFIX: Final = "\x1b]ipybox-tool-call;"
+"""What starts the prompt of a tool call request, rather than a plain ``input()`` prompt."""
+MAX_MESSAGE_CHARS: Final = 8 * 1024 * 1024
+"""The largest request (characters) or reply (bytes) either side sends (a gateway takes 10 MiB)."""
+REQUEST_FIELDS: Final = frozenset({StdinChannel.CALLS, StdinChannel.ACK})
+"""The fields of a request, and nothing else."""
+CALL_FIELDS: Final = frozenset(
+    {StdinChannel.ID, RunFields.SERVER_NAME, RunFields.TOOL_NAME, RunFields.TOOL_ARGS, RunFields.CONTENT}
+)
+"""The fields of one call in a request, and nothing else (no ``server_params``: never from a kernel)."""

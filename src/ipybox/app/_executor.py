@@ -10,11 +10,11 @@ from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import anyio
 
-from ipybox._wire import ToolServerEnv
+from ipybox._wire import StdinChannel, ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._approval_client import ApprovalClient, ApprovalRequest
 from ipybox.app._kernel_client import ExecutionResult
@@ -25,6 +25,7 @@ from ipybox.app._pool import KernelPool, PooledKernels
 from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app._settings import ExecutorSettings
+from ipybox.app._stdin_tools import StdinToolCalls
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 from ipybox.errors import (
     ApprovalError,
@@ -130,6 +131,11 @@ class CodeExecutor:
             ``generate_mcp_sources``. With ``sandbox=True`` the kernel can never write its folder.
         pool: Take kernels from this `KernelPool` (its gateway, a ready kernel at start and at each
             reset) instead of starting a gateway; the executor's kernel settings must be the pool's.
+        tool_channel: How generated code's tool calls reach the tool server: ``"http"`` (a local
+            connection), or ``"stdin"``, over the kernel's own stdin channel and the gateway's
+            WebSocket, for a kernel that can reach nothing else (on another host). Mainly for remote
+            kernels; with ``"stdin"`` locally, every guarantee stays (registry, policy, approval,
+            limits), calls only work while a cell runs, and ``input()`` raises ``EOFError``.
 
     The arguments are checked at once and kept, frozen, as `settings`.
 
@@ -166,6 +172,7 @@ class CodeExecutor:
         audit: bool | Path = False,
         registry: ServerRegistry | None = None,
         pool: KernelPool | None = None,
+        tool_channel: Literal["http", "stdin"] = "http",
     ) -> None:
         self._settings = ExecutorSettings(
             tool_server_host=tool_server_host,
@@ -188,11 +195,17 @@ class CodeExecutor:
             spare_kernel=spare_kernel,
             max_result_size=max_result_size,
             sandbox_hidden=sandbox_hidden,
+            tool_channel=tool_channel,
         )
         # Objects the application keeps, not settings: the live rules, the trail, spans, the registry.
         self._oversight = Oversight(policy, audit, tracing)
         self._registry = registry if registry is not None else default_registry()
         if pool is not None:
+            if tool_channel != "http":
+                raise ValueError(
+                    "tool_channel='stdin' is for kernels on another host; a pool's kernels are local and "
+                    "reach their tool server directly: leave tool_channel at 'http' with pool."
+                )
             pool._check(self._settings, self._registry)
         self._pool = pool
         # The parts, made by start() and dropped by stop(); each owns its own lifecycle.
@@ -200,6 +213,7 @@ class CodeExecutor:
         self._kernels: KernelHost | PooledKernels | None = None
         self._approval: ApprovalClient | None = None
         self._socket_dir: Path | None = None
+        self._stdin_calls: StdinToolCalls | None = None
         # The running execution: one at a time.
         self._lock = asyncio.Lock()
         self._requests: asyncio.Queue[_Item | None] | None = None
@@ -284,11 +298,16 @@ class CodeExecutor:
             )
             self._oversight.attach(tool_server)
             await stack.enter_async_context(tool_server)
+            # ---- the kernel's stdin channel for tool calls (tool_channel="stdin") ----
+            stdin_calls = StdinToolCalls(tool_server) if settings.tool_channel == "stdin" else None
+            if stdin_calls is not None:
+                stack.push_async_callback(stdin_calls.aclose)
             address = ToolServerEnv(
                 host=settings.tool_server_host,
                 port=tool_server.port,
                 token=tool_server.token,
                 socket=str(tool_server.uds) if tool_server.uds is not None else None,
+                channel=StdinChannel.VALUE if stdin_calls is not None else None,
             )
             # The tool server learns from the gateway, at each of its starts, where kernels write.
             # The audit trail's folder too: a sandboxed kernel can neither read nor write it.
@@ -303,6 +322,7 @@ class CodeExecutor:
                     on_start=tool_server.confine,
                     hidden=hidden,
                     registry_dir=self._registry.path.parent,
+                    stdin_handler=stdin_calls,
                 )
             await kernels.start()
             stack.push_async_callback(kernels.stop)
@@ -314,7 +334,7 @@ class CodeExecutor:
             )
             await stack.enter_async_context(approval)
             self._tool_server, self._kernels, self._approval = tool_server, kernels, approval
-            self._socket_dir = socket_dir
+            self._socket_dir, self._stdin_calls = socket_dir, stdin_calls
             # From here on stop() takes everything down; the stack only served a failed start.
             stack.pop_all()
 
@@ -324,8 +344,8 @@ class CodeExecutor:
         Stopping a stopped executor does nothing.
         """
         approval, kernels, tool_server = self._approval, self._kernels, self._tool_server
-        socket_dir = self._socket_dir
-        self._approval = self._kernels = self._tool_server = self._socket_dir = None
+        socket_dir, stdin_calls = self._socket_dir, self._stdin_calls
+        self._approval = self._kernels = self._tool_server = self._socket_dir = self._stdin_calls = None
         if approval is None or kernels is None or tool_server is None:
             return
         try:
@@ -333,6 +353,8 @@ class CodeExecutor:
         finally:
             # Both run to their end even if one fails; the first failure is raised.
             outcomes = await asyncio.gather(kernels.stop(), tool_server.stop(), return_exceptions=True)
+            if stdin_calls is not None:
+                await stdin_calls.aclose()
             self._oversight.close()
             if socket_dir is not None:
                 shutil.rmtree(socket_dir, ignore_errors=True)

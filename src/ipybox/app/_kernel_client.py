@@ -10,16 +10,23 @@ import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, Self
+from typing import Any, NoReturn, Protocol, Self
 
 import httpx2
 import websockets
 
+from ipybox._wire import PROMPT_PREFIX
 from ipybox.app._kernel_output import DEFAULT_MAX_OUTPUT_CHARS, ExecutionResult, KeptText, Outcome
-from ipybox.app._kernel_wire import MAX_MESSAGE_SIZE, WS_PROTOCOL, KernelChannels, execute_request
+from ipybox.app._kernel_wire import (
+    MAX_MESSAGE_SIZE,
+    WS_PROTOCOL,
+    KernelChannels,
+    execute_request,
+    input_reply,
+)
 from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
 
-__all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
+__all__ = ["ExecutionError", "ExecutionResult", "KernelClient", "StdinHandler"]
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.kernel_mgr.client")
@@ -27,6 +34,23 @@ _INTERRUPT_GRACE = 5.0
 # The channels handshake completes only once the new kernel answers; on a busy machine
 # a kernel can take longer to boot than the WebSocket library's 10 s default.
 _OPEN_TIMEOUT = 60.0
+# What ipykernel's input() takes for end of input: it raises EOFError.
+_EOF = "\x04"
+
+
+class StdinHandler(Protocol):
+    """Answers the tool call requests a kernel makes on its stdin channel (``ipybox._wire.StdinChannel``)."""
+
+    async def input_request(self, kernel_id: str, prompt: str) -> str:
+        """The reply to `prompt` (which starts with ``PROMPT_PREFIX``) from the kernel `kernel_id`.
+
+        The kernel is known from the connection the request came on, never from the request.
+        """
+        ...
+
+    def execution_ended(self, kernel_id: str) -> None:
+        """An execution of the kernel `kernel_id` ended: answer a held request, drop what nobody takes."""
+        ...
 
 
 class KernelClient:
@@ -59,6 +83,11 @@ class KernelClient:
             `ExecutionResult`: beyond that, its first and last halves are kept and the middle
             is dropped with a note (`stream` still yields every chunk as it arrives). This
             bounds the memory a kernel that prints without end can make the application use.
+        stdin_handler: Answers the tool calls the kernel sends over its stdin channel (mainly for a
+            kernel on another host). Executions then allow stdin: a request whose prompt starts with
+            ``PROMPT_PREFIX`` goes to the handler, and a plain ``input()`` in the code raises
+            ``EOFError`` (nobody types into a kernel ipybox runs). ``None``: stdin is not allowed,
+            and ``input()`` raises ``StdinNotImplementedError``.
     """
 
     def __init__(
@@ -73,6 +102,7 @@ class KernelClient:
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
         kernel_source: Callable[[], Awaitable[KernelChannels]] | None = None,
         http: httpx2.AsyncClient | None = None,
+        stdin_handler: StdinHandler | None = None,
     ) -> None:
         if max_output_chars < 2:
             raise ValueError(f"max_output_chars must be at least 2, not {max_output_chars!r}.")
@@ -85,6 +115,7 @@ class KernelClient:
         self.spare_kernel = spare_kernel
         self._kernel_source = kernel_source
         self._shared_http = http
+        self.stdin_handler = stdin_handler
         self._http: httpx2.AsyncClient | None = None
         self._kernel: KernelChannels | None = None
         self._spare: asyncio.Task[KernelChannels] | None = None
@@ -319,7 +350,8 @@ class KernelClient:
             kernel.pending += 1
             kernel.settled.clear()
             try:
-                await kernel.ws.send(execute_request(kernel.session, msg_id, code))
+                allow_stdin = self.stdin_handler is not None
+                await kernel.ws.send(execute_request(kernel.session, msg_id, code, allow_stdin))
             except websockets.ConnectionClosed:
                 # Gone before the receiver noticed (the gateway died between executions).
                 kernel.queues.pop(msg_id, None)
@@ -337,6 +369,8 @@ class KernelClient:
             kernel.queues.pop(msg_id, None)
             kernel.busy.clear()
             kernel.settle()
+            if self.stdin_handler is not None:
+                self.stdin_handler.execution_ended(kernel.id)
             # Booting the spare only after the first execution keeps it from competing
             # with the kernel that is starting up.
             self._start_spare()
@@ -420,12 +454,41 @@ class KernelClient:
     async def _open_kernel(self) -> KernelChannels:
         assert self._http is not None
         if self._kernel_source is not None:
-            return await self._kernel_source()
-        return await open_kernel(self._http, self.host, self.port, self._headers, self.ping_interval)
+            kernel = await self._kernel_source()
+        else:
+            kernel = await open_kernel(self._http, self.host, self.port, self._headers, self.ping_interval)
+        if self.stdin_handler is not None:
+            # Set before anything is awaited: the kernel sends nothing on stdin before an
+            # execute_request allows it.
+            kernel.on_input = self._on_input
+        return kernel
+
+    def _on_input(self, kernel: KernelChannels, msg: dict[str, Any]) -> None:
+        """Answer an input_request of the kernel's stdin channel (written by code in the kernel: hostile)."""
+        # ipykernel waits for one reply at a time: a new request means nobody reads the answer to
+        # the one before any more. So at most one answer is made per kernel, however many come.
+        if kernel.answering is not None:
+            kernel.answering.cancel()
+        kernel.answering = asyncio.create_task(self._answer_input(kernel, msg))
+
+    async def _answer_input(self, kernel: KernelChannels, msg: dict[str, Any]) -> None:
+        content = msg["content"]
+        prompt = content.get("prompt") if isinstance(content, dict) else None
+        handler = self.stdin_handler
+        value = _EOF
+        if handler is not None and isinstance(prompt, str) and prompt.startswith(PROMPT_PREFIX):
+            try:
+                value = await handler.input_request(kernel.id, prompt)
+            except Exception:  # broad: a failed answer must still end the kernel's wait (as end of input)
+                logger.exception("Answering a tool call request of kernel %s failed.", kernel.id)
+        with contextlib.suppress(websockets.ConnectionClosed):
+            await kernel.ws.send(input_reply(kernel.session, msg["header"], value))
 
     async def _close_kernel(self, kernel: KernelChannels, shutdown: bool = True) -> None:
         if kernel.receiver is not None:
             kernel.receiver.cancel()
+        if kernel.answering is not None:
+            kernel.answering.cancel()
         # Broad: a connection that is already broken closes with errors of its own.
         with contextlib.suppress(Exception):
             await kernel.ws.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx2
 
 from ipybox.app._gateway import KernelGateway
-from ipybox.app._kernel_client import KernelClient
+from ipybox.app._kernel_client import KernelClient, StdinHandler
 from ipybox.app._settings import ExecutorSettings
 from ipybox.app._shell import KernelConfinement
 from ipybox.errors import ExecutionError, KernelConnectionError
@@ -39,6 +39,7 @@ class KernelHost:
             spare kernel, log level).
         env: The kernels' environment.
         on_start: Called with the kernels' confinement each time a gateway has started.
+        stdin_handler: Answers the tool calls kernels send over their stdin channel (every client's).
     """
 
     def __init__(
@@ -49,8 +50,10 @@ class KernelHost:
         *,
         hidden: tuple[Path, ...] = (),
         registry_dir: Path | None = None,
+        stdin_handler: StdinHandler | None = None,
     ) -> None:
         self._settings = settings
+        self._stdin_handler = stdin_handler
         self._on_start = on_start
         self._token = secrets.token_urlsafe(32)
         self._gateway = KernelGateway(
@@ -178,4 +181,5 @@ class KernelHost:
             images_dir=self._settings.images_dir,
             auth_token=self._token,
             spare_kernel=self._settings.spare_kernel,
+            stdin_handler=self._stdin_handler,
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-__all__ = ["MAX_MESSAGE_SIZE", "WS_PROTOCOL", "KernelChannels", "decode", "execute_request"]
+__all__ = ["MAX_MESSAGE_SIZE", "WS_PROTOCOL", "KernelChannels", "decode", "execute_request", "input_reply"]
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.kernel_mgr.client")
@@ -47,6 +48,10 @@ class KernelChannels:
     settled: asyncio.Event = field(default_factory=_set_event)
     # Called once the kernel is closed (a pooled kernel's private folders go with it).
     on_close: Callable[[], None] | None = None
+    # Takes each input_request of the stdin channel (the kernel client's, when it answers them).
+    on_input: Callable[[KernelChannels, dict[str, Any]], None] | None = None
+    # The answer being made to the kernel's one waiting input_request.
+    answering: asyncio.Task[None] | None = None
 
     async def receive(self) -> None:
         """Route every message from the kernel to the execution it belongs to, until the connection ends."""
@@ -58,6 +63,12 @@ class KernelChannels:
                     "dead",
                 ):
                     self.died()
+                    continue
+                if msg["channel"] == "stdin":
+                    # Only the stdin channel's input_request is acted on: what the kernel prints or
+                    # publishes on iopub is output, whatever it looks like.
+                    if msg["msg_type"] == "input_request" and self.on_input is not None:
+                        self.on_input(self, msg)
                     continue
                 queue = self.queues.get(msg["parent_id"])
                 if queue is not None:
@@ -88,7 +99,9 @@ class KernelChannels:
             self.settled.set()
 
 
-def execute_request(session: str, msg_id: str, code: str, *, silent: bool = False) -> bytes:
+def execute_request(
+    session: str, msg_id: str, code: str, allow_stdin: bool = False, *, silent: bool = False
+) -> bytes:
     header = {
         "msg_id": msg_id,
         "msg_type": "execute_request",
@@ -103,11 +116,24 @@ def execute_request(session: str, msg_id: str, code: str, *, silent: bool = Fals
         "silent": silent,
         "store_history": not silent,
         "user_expressions": {},
-        "allow_stdin": False,
+        "allow_stdin": allow_stdin,
         # Executions are independent: one that fails must not abort the next one queued.
         "stop_on_error": False,
     }
     return _encode("shell", [header, {}, {}, content])
+
+
+def input_reply(session: str, parent: dict[str, Any], value: str) -> bytes:
+    """The answer to the kernel's `parent` ``input_request``: `value` is what its ``input()`` returns."""
+    header = {
+        "msg_id": uuid.uuid4().hex,
+        "msg_type": "input_reply",
+        "username": "ipybox",
+        "session": session,
+        "version": "5.3",
+        "date": "",
+    }
+    return _encode("stdin", [header, parent, {}, {"status": "ok", "value": value}])
 
 
 # The gateway's binary WebSocket protocol passes the kernel's message parts through
@@ -134,8 +160,12 @@ def decode(frame: str | bytes) -> dict[str, Any]:
     offsets = [int.from_bytes(frame[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
     header = json.loads(frame[offsets[1] : offsets[2]])
     parent = json.loads(frame[offsets[2] : offsets[3]])
+    # The parent header is whatever code in the kernel put there: one of another shape routes nowhere.
+    parent_id = parent.get("msg_id") if isinstance(parent, dict) else None
     return {
+        "channel": frame[offsets[0] : offsets[1]].decode(),
+        "header": header,
         "msg_type": header["msg_type"],
-        "parent_id": parent.get("msg_id"),
+        "parent_id": parent_id if isinstance(parent_id, str) else None,
         "content": json.loads(frame[offsets[4] : offsets[5]]),
     }

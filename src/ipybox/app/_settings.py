@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
+from typing import Literal
 
 from ipybox._wire import KernelEnv
 from ipybox.app._gateway import gateway_log_level
@@ -56,8 +57,11 @@ class ExecutorSettings:
     spare_kernel: bool = True
     max_result_size: int = DEFAULT_MAX_RESULT_SIZE
     sandbox_hidden: tuple[Path, ...] = ()
+    tool_channel: Literal["http", "stdin"] = "http"
 
     def __post_init__(self) -> None:
+        if self.tool_channel not in ("http", "stdin"):
+            raise ValueError(f"tool_channel must be 'http' or 'stdin', not {self.tool_channel!r}.")
         if self.sandbox_config is not None and not self.sandbox:
             raise ValueError(
                 f"sandbox_config={str(self.sandbox_config)!r} was given without sandbox=True; the kernel "

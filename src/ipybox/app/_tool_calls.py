@@ -98,6 +98,19 @@ class _ToolCalls(_RequestBodies):
         except ValidationError as exc:
             return _error(400, "failed", f"The tool call request is malformed: {_summarise(exc)}")
         del raw  # the parsed request is all that is kept of it
+        return await self.run_call(body, charge)
+
+    async def run_call(self, body: _RunRequest, charge: _Charge) -> tuple[int, bytes]:
+        """The answer to one tool call, whichever way its request came (``POST /run``, a kernel's stdin).
+
+        Everything a call goes through is here, once: its span, the policy and audit trail, the
+        registry lookup, the check against the tool's schema, the approval, the call itself and the
+        size limits. The caller has parsed the request and authenticated where it came from;
+        `charge` holds the request's bytes of the in-flight budget and, on success, the answer's.
+
+        Returns:
+            The HTTP status and the JSON answer, as ``POST /run`` sends them.
+        """
         if self.tracing is not None:
             return await self.tracing.tool_call(
                 body.server_name, body.tool_name, self._handle_run(body, charge)

@@ -9,6 +9,7 @@ private; the public paths are ``ipybox.tool_exec.client``, ``ipybox.tool_exec.co
 - ``_calls``: the tool client's protocol core, without I/O (requests, the steps of a call, answers).
 - ``_http``: the HTTP/1.1 response reader the core uses, with a cap on every part.
 - ``_io``: the tool client's sync and async shells, which only move bytes.
+- ``_stdin``: tool calls over the kernel's own stdin channel instead (remote kernels), batched.
 - ``_content``: the typed content of a tool result.
 - ``_ext``: the IPython extension every kernel loads (``!cmd``, approval, import paths).
 - ``_search``: tool search over the generated ``mcptools/`` (the query side).

@@ -351,18 +351,51 @@ class ToolCalls:
 
     def error(self, response: Response, tool_name: str) -> ToolRunnerError:
         """The error an answer other than 200 stands for, with the outcome kind it names."""
+        try:
+            answer = _decode(response.body.decode())
+        except ValueError:
+            answer = None
+        return self.error_of(response.status, answer, response.body, tool_name)
+
+    def error_of(self, status: int, answer: Any, raw: bytes, tool_name: str) -> ToolRunnerError:
+        """The error of an answer with `status` other than 200, decoded (`raw`: its text, for a message)."""
         kind: ToolCallOutcome = "failed"
         try:
-            error = _decode(response.body.decode())[AnswerFields.ERROR]
+            error = answer[AnswerFields.ERROR]
             message = str(error[AnswerFields.MESSAGE])
             if error.get(AnswerFields.KIND) in _KINDS:
                 kind = error[AnswerFields.KIND]
-        except (ValueError, KeyError, TypeError, AttributeError):
-            text = response.body[:500].decode("utf-8", "replace")
-            message = (
-                f"{self._what(tool_name)} failed: the tool server answered HTTP {response.status}: {text}"
-            )
+        except (KeyError, TypeError, AttributeError):
+            text = raw[:500].decode("utf-8", "replace")
+            message = f"{self._what(tool_name)} failed: the tool server answered HTTP {status}: {text}"
         return ToolRunnerError(message, kind, self.server_name, tool_name)
+
+    def answered(self, status: int, answer: Any, tool_name: str, content: bool) -> Any:
+        """The tool's result (`content`: every content part) in a decoded answer, as `result` and `content` give.
+
+        Raises:
+            ToolRunnerError: The call was rejected, expired or failed.
+        """
+        __tracebackhide__ = True
+        if status != 200:
+            raise self.error_of(status, answer, json.dumps(answer).encode(), tool_name)
+        try:
+            if content:
+                return from_json(answer[AnswerFields.CONTENT], answer.get(AnswerFields.STRUCTURED))
+            return answer[AnswerFields.RESULT]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ToolRunnerError(
+                f"{self._what(tool_name)} failed: the application's answer is not valid ({exc}).",
+                "failed",
+                self.server_name,
+                tool_name,
+            ) from exc
+
+    def unanswered(self, tool_name: str, why: str) -> ToolRunnerError:
+        """The error of a call that could not be sent or answered over the kernel's stdin channel."""
+        return ToolRunnerError(
+            f"{self._what(tool_name)} failed: {why}.", "failed", self.server_name, tool_name
+        )
 
     def _invalid(self, response: Response, tool_name: str, exc: Exception) -> ToolRunnerError:
         return ToolRunnerError(

@@ -14,8 +14,9 @@ import os
 import threading
 from typing import Any
 
-from ipybox._wire import SHELL_SERVER_NAME, ToolServerEnv
+from ipybox._wire import SHELL_SERVER_NAME, StdinChannel, ToolServerEnv
 from ipybox.errors import ToolRunnerError
+from ipybox.kernel import _stdin
 from ipybox.kernel._calls import ToolCalls, proxy_address
 from ipybox.kernel._content import ToolContent
 from ipybox.kernel._io import AsyncShell, SyncShell
@@ -61,6 +62,11 @@ class ToolRunner:
         socket_path: A Unix socket the tool server listens on, used in place of `host` and
             `port` (how a sandboxed kernel reaches it); by default the ``TOOL_SERVER_SOCKET``
             environment variable, if set.
+        channel: ``"stdin"`` sends tool calls over the kernel's own stdin channel to the application
+            that runs the cell, not to a tool server over HTTP (mainly for a kernel on another host,
+            which can reach nothing but its gateway); by default the ``TOOL_SERVER_CHANNEL``
+            environment variable, if set. Only ``run``, ``run_sync`` and their ``content`` variants
+            use it.
 
     Raises:
         ValueError: ``proxy`` is not an ``http://`` URL.
@@ -78,6 +84,7 @@ class ToolRunner:
         read_timeout: float = 3600,
         proxy: str | None = None,
         socket_path: str | None = None,
+        channel: str | None = None,
     ) -> None:
         self.server_name = server_name
         self.server_params = server_params
@@ -104,6 +111,30 @@ class ToolRunner:
         )
         self._sync = SyncShell(address, connect_timeout, read_timeout)
         self._async = AsyncShell(address, connect_timeout, read_timeout)
+        self.channel = (channel if channel is not None else os.environ.get(ToolServerEnv.CHANNEL)) or None
+        self._stdin = _stdin.CHANNEL if self.channel == StdinChannel.VALUE else None
+
+    def _stdin_call(self, tool_name: str, tool_args: dict[str, Any], content: bool) -> Any:
+        __tracebackhide__ = True
+        assert self._stdin is not None
+        calls = self._calls
+        body = calls.body(tool_name, tool_args, content).decode()
+        try:
+            status, answer = self._stdin.call(body)
+        except _stdin.StdinFailure as exc:
+            raise calls.unanswered(tool_name, str(exc)) from None
+        return calls.answered(status, answer, tool_name, content)
+
+    async def _stdin_acall(self, tool_name: str, tool_args: dict[str, Any], content: bool) -> Any:
+        __tracebackhide__ = True
+        assert self._stdin is not None
+        calls = self._calls
+        body = calls.body(tool_name, tool_args, content).decode()
+        try:
+            status, answer = await self._stdin.acall(body)
+        except _stdin.StdinFailure as exc:
+            raise calls.unanswered(tool_name, str(exc)) from None
+        return calls.answered(status, answer, tool_name, content)
 
     def run_sync(self, tool_name: str, tool_args: dict[str, Any]) -> dict[str, Any] | str | None:
         """Run a tool and wait for its result (blocking).
@@ -120,6 +151,8 @@ class ToolRunner:
             ToolRunnerError: The call was rejected, expired or failed.
         """
         __tracebackhide__ = True  # IPython leaves ipybox's own frames out of the agent's traceback
+        if self._stdin is not None:
+            return self._stdin_call(tool_name, tool_args, False)  # type: ignore[no-any-return]
         calls = self._calls
         return calls.result(self._sync.call(calls.run(tool_name, tool_args)), tool_name)
 
@@ -138,6 +171,8 @@ class ToolRunner:
             ToolRunnerError: The call was rejected, expired or failed.
         """
         __tracebackhide__ = True
+        if self._stdin is not None:
+            return await self._stdin_acall(tool_name, tool_args, False)  # type: ignore[no-any-return]
         calls = self._calls
         return calls.result(await self._async.call(calls.run(tool_name, tool_args)), tool_name)
 
@@ -156,6 +191,8 @@ class ToolRunner:
                 over the tool server's size limit).
         """
         __tracebackhide__ = True
+        if self._stdin is not None:
+            return self._stdin_call(tool_name, tool_args, True)  # type: ignore[no-any-return]
         calls = self._calls
         return calls.content(self._sync.call(calls.run(tool_name, tool_args, content=True)), tool_name)
 
@@ -174,6 +211,8 @@ class ToolRunner:
                 over the tool server's size limit).
         """
         __tracebackhide__ = True
+        if self._stdin is not None:
+            return await self._stdin_acall(tool_name, tool_args, True)  # type: ignore[no-any-return]
         calls = self._calls
         return calls.content(await self._async.call(calls.run(tool_name, tool_args, content=True)), tool_name)
 
@@ -335,5 +374,6 @@ def _runner(server_name: str) -> ToolRunner:
                     token=address.token or "",
                     proxy=address.proxy or "",
                     socket_path=address.socket or "",
+                    channel=address.channel or "",
                 )
     return runner

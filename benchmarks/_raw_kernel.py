@@ -1,16 +1,10 @@
-"""Tool calls from a kernel on another host, answered over the gateway's WebSocket (prototype).
-
-The application side of ``ipybox.kernel._remote_channel``: `RemoteKernel` runs cells on one kernel
-of an existing gateway (Jupyter Kernel Gateway 3 or Enterprise Gateway 3.3) with ``allow_stdin``, and
-answers each ``input_request`` on the kernel's stdin channel. A request is only ever taken from the
-stdin channel of this kernel's own WebSocket: the gateway routes it there, so the kernel it comes
-from is known from the connection, never from the message. Everything in the message is written by
-code in the kernel, which is hostile: the request is parsed strictly (four fields, capped size) and
-handed to the application's `RemoteToolHandler`, which must apply the registry and approval exactly
-as the tool server does to ``POST /run``. Nothing in a request can approve a call.
+"""A bare client of one kernel on an existing gateway, for benchmarks/remote_channel.py only.
 
 It speaks the gateway's plain JSON WebSocket protocol (no ``v1.kernel.websocket.jupyter.org``
-subprotocol), which Enterprise Gateway 3.3's Jupyter Server 1 understands.
+subprotocol, which Enterprise Gateway 3.3's Jupyter Server 1 lacks) and answers nothing on the
+kernel's stdin channel: the benchmark subclasses it to answer comm messages. ipybox's own client is
+``ipybox.app._kernel_client.KernelClient``; its tool calls over stdin are measured by
+benchmarks/stdin_channel.py.
 """
 
 from __future__ import annotations
@@ -19,70 +13,33 @@ import asyncio
 import contextlib
 import json
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Self
 
 import httpx2
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from ipybox.errors import ExecutionError, KernelConnectionError, ToolRunnerError
-from ipybox.kernel._remote_channel import MAX_MESSAGE_CHARS, PROMPT_PREFIX, REQUEST_FIELDS
+from ipybox.errors import ExecutionError, KernelConnectionError
 
-__all__ = ["RemoteKernel", "RemoteToolCall", "RemoteToolHandler"]
+__all__ = ["RemoteKernel"]
 
 _MAX_FRAME = 16 * 1024 * 1024
 _PROTOCOL_VERSION = "5.3"
-# Stdin requests of one kernel waiting for an answer at once (ipykernel itself has one at a time).
-_MAX_WAITING = 4
-
-
-@dataclass(frozen=True)
-class RemoteToolCall:
-    """A tool call asked for by code in a remote kernel (every field but `kernel_id` is hostile input).
-
-    Attributes:
-        kernel_id: The kernel the request came from, known from the WebSocket it arrived on.
-        server_name: The MCP server the kernel names (look it up in the trusted registry).
-        tool_name: The tool the kernel names.
-        tool_args: The arguments, as a JSON object.
-    """
-
-    kernel_id: str
-    server_name: str
-    tool_name: str
-    tool_args: dict[str, Any]
-
-
-class RemoteToolHandler(Protocol):
-    """Runs a tool call from a remote kernel, after the application's approval; returns JSON data."""
-
-    async def __call__(self, call: RemoteToolCall) -> Any:
-        """Run `call` and return its result.
-
-        Raises:
-            ToolRunnerError: The call was rejected, expired or failed; its message reaches the kernel.
-        """
-        ...
 
 
 class RemoteKernel:
-    """One kernel on an existing gateway, whose tool calls the application answers.
+    """One kernel on an existing gateway.
 
     Args:
         url: The gateway's base URL, e.g. ``http://host:8888``.
         token: The gateway's auth token, if it has one.
-        handler: Runs each tool call the kernel asks for.
         kernel_name: The kernel spec to start (the gateway's default when None).
     """
 
-    def __init__(
-        self, url: str, handler: RemoteToolHandler, token: str | None = None, kernel_name: str | None = None
-    ) -> None:
+    def __init__(self, url: str, token: str | None = None, kernel_name: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self.handler = handler
         self.kernel_name = kernel_name
         self._headers = {"Authorization": f"token {token}"} if token else {}
         self._session = uuid.uuid4().hex
@@ -90,11 +47,7 @@ class RemoteKernel:
         self._http: httpx2.AsyncClient | None = None
         self._ws: ClientConnection | None = None
         self._receiver: asyncio.Task[None] | None = None
-        self._answers: set[asyncio.Task[None]] = set()
         self._pending: dict[str, asyncio.Queue[dict[str, Any]]] = {}
-        # ipykernel waits for one reply at a time, so one answer at a time is enough, and a cell
-        # that floods requests cannot make the application run more than one call at once.
-        self._answering = asyncio.Lock()
 
     @property
     def kernel_id(self) -> str:
@@ -150,9 +103,8 @@ class RemoteKernel:
 
     async def stop(self) -> None:
         """Close the channels and shut the kernel down."""
-        for task in (self._receiver, *self._answers):
-            if task is not None:
-                task.cancel()
+        if self._receiver is not None:
+            self._receiver.cancel()
         if self._ws is not None:
             await self._ws.close()
         if self._http is not None:
@@ -178,7 +130,7 @@ class RemoteKernel:
             "silent": False,
             "store_history": False,
             "user_expressions": {},
-            "allow_stdin": True,
+            "allow_stdin": False,
             "stop_on_error": True,
         }
         try:
@@ -224,50 +176,11 @@ class RemoteKernel:
                 await self._dispatch(ws, msg)
 
     async def _dispatch(self, ws: ClientConnection, msg: dict[str, Any]) -> None:
-        if msg.get("channel") == "stdin" and msg.get("msg_type") == "input_request":
-            if len(self._answers) >= _MAX_WAITING:
-                # ipykernel sends one request and waits for its reply; more are code in the kernel
-                # sending its own, each holding up to a frame here: dropped, unanswered.
-                return
-            task = asyncio.create_task(self._answer(ws, msg))
-            self._answers.add(task)
-            task.add_done_callback(self._answers.discard)
-            return
         parent = msg.get("parent_header")
         msg_id = parent.get("msg_id") if isinstance(parent, dict) else None
         queue = self._pending.get(msg_id) if isinstance(msg_id, str) else None
         if queue is not None:
             queue.put_nowait(msg)
-
-    async def _answer(self, ws: ClientConnection, request: dict[str, Any]) -> None:
-        prompt = request["content"].get("prompt", "")
-        async with self._answering:
-            # A plain input() gets an empty line: nobody sits at a remote kernel's stdin.
-            is_call = isinstance(prompt, str) and prompt.startswith(PROMPT_PREFIX)
-            value = await self._tool_reply(prompt) if is_call else ""
-            content = {"status": "ok", "value": value}
-            reply = self._message("input_reply", "stdin", content, request.get("header", {}))
-            await ws.send(json.dumps(reply))
-
-    async def _tool_reply(self, prompt: str) -> str:
-        request_id: Any = None
-        try:
-            fields = parse_request(prompt)
-            request_id = fields["id"]
-            call = RemoteToolCall(
-                self.kernel_id, fields["server_name"], fields["tool_name"], fields["tool_args"]
-            )
-            result = await self.handler(call)
-            answer = json.dumps({"id": request_id, "result": result})
-        except ToolRunnerError as exc:
-            return json.dumps({"id": request_id, "error": str(exc), "kind": exc.kind})
-        except ValueError as exc:
-            return json.dumps({"id": request_id, "error": str(exc), "kind": "failed"})
-        if len(answer) > MAX_MESSAGE_CHARS:
-            return json.dumps(
-                {"id": request_id, "error": "The tool's result is too large to send.", "kind": "failed"}
-            )
-        return answer
 
     def _message(
         self, msg_type: str, channel: str, content: dict[str, Any], parent: dict[str, Any], msg_id: str = ""
@@ -288,34 +201,3 @@ class RemoteKernel:
             "channel": channel,
             "buffers": [],
         }
-
-
-def parse_request(prompt: str) -> dict[str, Any]:
-    """The fields of a tool call request that code in the kernel wrote, checked strictly.
-
-    Raises:
-        ValueError: The request is too large, not JSON, has other fields than the four it may
-            have, or a field of the wrong type.
-    """
-    body = prompt.removeprefix(PROMPT_PREFIX)
-    if len(body) > MAX_MESSAGE_CHARS:
-        raise ValueError(
-            f"The tool call request is over {MAX_MESSAGE_CHARS} characters; pass large data as a file."
-        )
-    try:
-        fields = json.loads(body)
-    except ValueError as exc:
-        raise ValueError(f"The tool call request is not JSON: {exc}.") from None
-    if not isinstance(fields, dict) or set(fields) != REQUEST_FIELDS:
-        found = sorted(fields) if isinstance(fields, dict) else type(fields).__name__
-        raise ValueError(f"A tool call request has exactly the fields {sorted(REQUEST_FIELDS)}, not {found}.")
-    if not (
-        isinstance(fields["id"], int)
-        and isinstance(fields["server_name"], str)
-        and isinstance(fields["tool_name"], str)
-        and isinstance(fields["tool_args"], dict)
-    ):
-        raise ValueError(
-            "A tool call request has an integer id, string server and tool names and an object of arguments."
-        )
-    return fields

@@ -1,0 +1,278 @@
+"""Tool calls over the kernel's own stdin channel (``tool_channel="stdin"``), with local executors.
+
+What a kernel on another host uses; here the kernel is local, so that every guarantee of the HTTP
+path can be checked the same way. The tests the two channels share run over both (see
+``tests/test_code_exec.py``, ``test_tool_media.py``, ``test_tool_concurrency.py``); these are about
+what only this channel has: batching, interrupts mid-request, and requests forged by cell code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from ipybox import (
+    ApprovalRequest,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    generate_mcp_sources,
+)
+from ipybox._wire import MAX_MESSAGE_CHARS, PROMPT_PREFIX, ToolServerEnv
+from ipybox.app._stdin_tools import MAX_CALLS_IN_FLIGHT
+from ipybox.errors import ApprovalDecisionError
+from tests.conftest import DEMO_SERVER
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
+
+
+@pytest.fixture(autouse=True)
+def state_dir(workdir: Path) -> Path:
+    return workdir / "state"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def executor(workdir: Path) -> AsyncIterator[CodeExecutor]:
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    async with CodeExecutor(images_dir=workdir / "images", tool_channel="stdin") as ex:
+        yield ex
+
+
+async def run(ex: CodeExecutor, code: str, decide: bool = True) -> tuple[list[ApprovalRequest], str | None]:
+    """Run `code`, deciding every approval request; the requests and the output."""
+    requests: list[ApprovalRequest] = []
+    text: str | None = None
+    async for item in ex.stream(code):
+        if isinstance(item, ApprovalRequest):
+            requests.append(item)
+            await (item.accept() if decide else item.reject())
+        elif isinstance(item, CodeExecutionResult):
+            text = item.text
+    return requests, text
+
+
+async def test_calls_go_over_stdin_without_the_tool_servers_token(executor: CodeExecutor) -> None:
+    code = f"""
+import os
+os.environ.pop({ToolServerEnv.TOKEN!r})
+os.environ[{ToolServerEnv.PORT!r}] = "1"
+from mcptools.demo import add
+print(add.run(add.Params(a=2, b=3)).sum)
+"""
+    requests, text = await run(executor, code)
+    assert text == "5"
+    assert [(r.server_name, r.tool_name, r.tool_args) for r in requests] == [
+        ("demo", "add", {"a": 2, "b": 3})
+    ]
+
+
+async def test_calls_from_threads_and_a_gather_in_one_cell_are_in_flight_together(workdir: Path) -> None:
+    # The rendezvous answers only once all 12 calls wait in the MCP server together: calls sent one
+    # after another, each waiting for its result, never could.
+    code = """
+import asyncio, threading
+from mcptools.demo import rendezvous
+params = rendezvous.Params(key="mixed", count=12, timeout=60)
+out = []
+threads = [threading.Thread(target=lambda: out.append(rendezvous.run(params))) for _ in range(6)]
+for t in threads:
+    t.start()
+gathered = await asyncio.gather(*(rendezvous.arun(params) for _ in range(6)))
+for t in threads:
+    t.join()
+print(sorted(out + gathered))
+"""
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    async with CodeExecutor(approve_tool_calls=False, tool_channel="stdin") as ex:
+        result = await ex.execute(code, timeout=90)
+    assert result.text == str(["12 together"] * 12)
+
+
+async def test_a_plain_input_raises_eof_error_and_reaches_no_tool(executor: CodeExecutor) -> None:
+    requests, text = await run(executor, "try:\n    input('name? ')\nexcept EOFError:\n    print('EOF')")
+    assert (requests, text) == ([], "EOF")
+
+
+async def test_an_interrupted_call_raises_keyboard_interrupt_and_its_late_result_reaches_nobody(
+    executor: CodeExecutor,
+) -> None:
+    # The call, accepted, waits in the MCP server for a second arrival; the cell is interrupted.
+    stream = executor.stream(
+        "from mcptools.demo import rendezvous\nrendezvous.run(rendezvous.Params(key='late', count=2))"
+    )
+    request = await anext(stream)
+    assert isinstance(request, ApprovalRequest)
+    await request.accept()
+    cancel = asyncio.create_task(executor.cancel())
+    with pytest.raises(CodeExecutionError) as info:
+        async for _ in stream:
+            pass
+    await cancel
+    assert info.value.ename == "KeyboardInterrupt"
+    # The next cell's call releases the first one: its late result ("2 together") arrives now, and
+    # must not be taken for this call's ("1 together").
+    requests, text = await run(
+        executor,
+        "from mcptools.demo import rendezvous\nprint(rendezvous.run(rendezvous.Params(key='late', count=1)))",
+    )
+    assert text == "1 together" and len(requests) == 1
+    assert (await run(executor, "from mcptools.demo import add\nprint(add.run(add.Params(a=1, b=1)).sum)"))[
+        1
+    ] == "2"
+
+
+async def test_a_decision_after_the_cell_was_interrupted_runs_nothing(executor: CodeExecutor) -> None:
+    stream = executor.stream("from mcptools.demo import echo\necho.run(echo.Params(text='never'))")
+    request = await anext(stream)
+    assert isinstance(request, ApprovalRequest)
+    cancel = asyncio.create_task(executor.cancel())
+    with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
+        async for _ in stream:
+            pass
+    await cancel
+    with pytest.raises(ApprovalDecisionError, match="already rejected"):
+        await request.accept()
+    assert (await run(executor, "from mcptools.demo import echo\nprint(echo.run(echo.Params(text='next')))"))[
+        1
+    ] == "next"
+
+
+def forged(request: object) -> str:
+    """Kernel code that sends `request` as a tool call request itself and prints the reply."""
+    return f"import json\nprint(input({PROMPT_PREFIX!r} + json.dumps({request!r})))"
+
+
+CALL = {"id": 1, "server_name": "demo", "tool_name": "echo", "tool_args": {"text": "forged"}}
+
+
+@pytest.mark.parametrize(
+    ("request_", "refused_field"),
+    [
+        ({"calls": [{**CALL, "approved": True}], "ack": []}, "approved"),
+        ({"calls": [CALL], "ack": [], "approved": True}, "approved"),
+        ({"calls": [CALL], "ack": [], "kernel_id": "another-kernel"}, "kernel_id"),
+        ({"calls": [{**CALL, "session": "another-session"}], "ack": []}, "session"),
+        (
+            {"calls": [{**CALL, "server_params": {"command": "touch", "args": ["/tmp/pwned"]}}], "ack": []},
+            "server_params",
+        ),
+    ],
+    ids=["approved-call", "approved-request", "other-kernel", "other-session", "server-params"],
+)
+async def test_a_forged_request_with_a_field_of_its_own_is_refused_and_nothing_is_asked_or_run(
+    executor: CodeExecutor, request_: dict[str, object], refused_field: str
+) -> None:
+    requests, text = await run(executor, forged(request_))
+    assert requests == []
+    assert text is not None
+    reply = json.loads(text)
+    assert (
+        set(reply) == {"error", "ids"}
+        and refused_field in reply["error"]
+        and "Extra inputs" in reply["error"]
+    )
+
+
+async def test_a_well_formed_request_written_by_cell_code_is_asked_about_and_checked_like_any_call(
+    executor: CodeExecutor,
+) -> None:
+    # Writing the request by hand gains nothing: the application asks about it, and the registry decides.
+    code = f"""
+import json
+def results(request):
+    reply = json.loads(input({PROMPT_PREFIX!r} + json.dumps(request)))
+    while not reply["results"]:  # held for a moment at most: ask again until the result is there
+        reply = json.loads(input({PROMPT_PREFIX!r} + json.dumps({{"calls": [], "ack": []}})))
+    return reply["results"]
+print(json.dumps(results({{"calls": [{CALL!r}], "ack": []}})))
+print(json.dumps(results({{"calls": [{{**{CALL!r}, "id": 2, "server_name": "unregistered"}}], "ack": [1]}})))
+"""
+    requests, text = await run(executor, code, decide=False)
+    assert [(r.server_name, r.tool_name, r.tool_args) for r in requests] == [
+        ("demo", "echo", {"text": "forged"})
+    ]
+    assert text is not None
+    [rejected], [unregistered] = (json.loads(line) for line in text.splitlines())
+    assert (rejected["id"], rejected["status"], rejected["answer"]["error"]["kind"]) == (1, 403, "rejected")
+    assert (unregistered["id"], unregistered["status"]) == (2, 404)
+    assert "'unregistered' is not registered" in unregistered["answer"]["error"]["message"]
+
+
+async def test_a_prompt_printed_or_published_on_iopub_is_output_and_the_next_call_gets_its_own_reply(
+    executor: CodeExecutor,
+) -> None:
+    request = json.dumps({"calls": [CALL], "ack": []})
+    code = f"""
+kernel = get_ipython().kernel
+parent = kernel.get_parent()
+prompt = {PROMPT_PREFIX!r} + {request!r}
+print(prompt + "\\a")  # BEL ends the escape sequence the prefix starts: the rest of the output stays
+kernel.session.send(kernel.iopub_socket, "input_request", {{"prompt": prompt, "password": False}}, parent=parent)
+kernel.session.send(kernel.iopub_socket, "input_reply", {{"value": '{{"results": []}}'}}, parent=parent)
+from mcptools.demo import add
+print(add.run(add.Params(a=20, b=22)).sum)
+"""
+    requests, text = await run(executor, code)
+    assert [(r.tool_name, r.tool_args) for r in requests] == [("add", {"a": 20, "b": 22})]
+    assert text is not None and text.splitlines()[-1] == "42"
+
+
+async def test_a_cell_that_never_takes_its_results_cannot_have_more_calls_in_flight_than_the_limit(
+    executor: CodeExecutor,
+) -> None:
+    # The cell writes its own requests of 100 calls each and never acknowledges a result: the
+    # application keeps each (here: rejected) result for it, and counts it as in flight.
+    code = f"""
+import json
+def request(n):
+    calls = [{{"id": n * 100 + i, "server_name": "demo", "tool_name": "echo", "tool_args": {{"text": "x"}}}} for i in range(100)]
+    return {PROMPT_PREFIX!r} + json.dumps({{"calls": calls, "ack": []}})
+for n in range(3):
+    reply = json.loads(input(request(n)))
+print(reply["error"])
+"""
+    requests, text = await run(executor, code, decide=False)
+    assert text is not None and f"200 tool calls in flight, and at most {MAX_CALLS_IN_FLIGHT}" in text
+    assert len(requests) <= 200
+    after = "from mcptools.demo import echo\nprint(echo.run(echo.Params(text='after')))"
+    assert (await run(executor, after))[1] == "after"
+
+
+async def test_stdin_channel_is_refused_unless_http_or_stdin() -> None:
+    with pytest.raises(ValueError, match="tool_channel must be 'http' or 'stdin'"):
+        CodeExecutor(tool_channel="carrier-pigeon")  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+async def test_a_result_or_arguments_over_the_channels_cap_fail_that_call_alone(
+    executor: CodeExecutor,
+) -> None:
+    # 7 MB of bytes is 9.3 MB of base64: under the tool server's 32 MiB, over the channel's 8 MiB.
+    code = """
+from mcptools.demo import blob, echo
+for call in (lambda: blob.run_content(blob.Params(size=7_000_000)), lambda: echo.run(echo.Params(text="x" * 9_000_000))):
+    try:
+        call()
+    except Exception as exc:
+        print(type(exc).__name__, exc)
+print(echo.run(echo.Params(text="still here")))
+"""
+    requests, text = await run(executor, code)
+    assert text is not None
+    result, arguments, after = text.splitlines()
+    assert (
+        result.startswith("ToolRunnerError")
+        and f"limit of {MAX_MESSAGE_CHARS} bytes of the kernel's stdin channel" in result
+    )
+    assert arguments.startswith("ToolRunnerError") and "over the stdin channel's limit" in arguments
+    assert after == "still here"
+    # The call whose arguments were too large was never sent: nothing was asked about it.
+    assert [r.tool_name for r in requests] == ["blob", "echo"]
