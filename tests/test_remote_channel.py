@@ -26,6 +26,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from ipybox import generate_mcp_sources
+
+# private-ok: the application side of the channel (kernel client, stdin handler, tool server) is
+# driven directly against a bare remote gateway, below the executor; the attack reads the victim
+# kernel's session and the handler's state to forge and to check.
 from ipybox._wire import PROMPT_PREFIX, StdinChannel, ToolServerEnv
 from ipybox.app._kernel_client import KernelClient
 from ipybox.app._stdin_tools import StdinToolCalls
