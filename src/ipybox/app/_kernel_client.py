@@ -7,23 +7,30 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, Self
+from typing import Any, NoReturn, Self, TypeVar
 
 import httpx2
 import websockets
 
 from ipybox.app._kernel_output import DEFAULT_MAX_OUTPUT_CHARS, ExecutionResult, KeptText, Outcome
-from ipybox.app._kernel_wire import MAX_MESSAGE_SIZE, WS_PROTOCOL, KernelChannels, execute_request
-from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
+from ipybox.app._kernel_wire import (
+    MAX_MESSAGE_SIZE,
+    WS_PROTOCOL,
+    JsonChannels,
+    KernelChannels,
+    execute_request,
+)
+from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError, KernelStartTimeoutError
 
 __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.kernel_mgr.client")
 _INTERRUPT_GRACE = 5.0
+_T = TypeVar("_T")
 # The channels handshake completes only once the new kernel answers; on a busy machine
 # a kernel can take longer to boot than the WebSocket library's 10 s default.
 _OPEN_TIMEOUT = 60.0
@@ -56,6 +63,13 @@ class KernelClient:
             `ExecutionResult`: beyond that, its first and last halves are kept and the middle
             is dropped with a note (`stream` still yields every chunk as it arrives). This
             bounds the memory a kernel that prints without end can make the application use.
+        url: The gateway's base URL (``http://`` or ``https://``, with a path prefix if it has
+            one), for a gateway elsewhere; replaces `host` and `port`.
+        kernel_name: The kernel spec to start kernels from; ``None``: the gateway's default.
+        start_timeout: Seconds a kernel may take to start, connect and run `setup`; past them
+            `KernelStartTimeoutError`. ``None``: the gateway's own limits apply.
+        setup: Gives the cells each kernel runs, in order, before it serves any execution (at
+            connect, at every reset and restart); called each time, so that they can change.
     """
 
     def __init__(
@@ -68,6 +82,10 @@ class KernelClient:
         auth_token: str | None = None,
         spare_kernel: bool = True,
         max_output_chars: int = DEFAULT_MAX_OUTPUT_CHARS,
+        url: str | None = None,
+        kernel_name: str | None = None,
+        start_timeout: float | None = None,
+        setup: Callable[[], list[str]] | None = None,
     ) -> None:
         if max_output_chars < 2:
             raise ValueError(f"max_output_chars must be at least 2, not {max_output_chars!r}.")
@@ -78,6 +96,10 @@ class KernelClient:
         self.images_dir = images_dir or Path("images")
         self.ping_interval = ping_interval
         self.spare_kernel = spare_kernel
+        self._url = url.rstrip("/") if url is not None else None
+        self._kernel_name = kernel_name
+        self._start_timeout = start_timeout
+        self._setup = setup
         self._http: httpx2.AsyncClient | None = None
         self._kernel: KernelChannels | None = None
         self._spare: asyncio.Task[KernelChannels] | None = None
@@ -97,7 +119,7 @@ class KernelClient:
 
     @property
     def _base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return self._url if self._url is not None else f"http://{self.host}:{self.port}"
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -121,29 +143,41 @@ class KernelClient:
         if self._kernel is not None:
             return
         self._http = httpx2.AsyncClient(
-            base_url=self._base_url, headers=self._headers, timeout=httpx2.Timeout(30.0, connect=5.0)
+            base_url=self._base_url,
+            headers=self._headers,
+            # A gateway on a cluster answers a kernel's start only once the kernel runs.
+            timeout=httpx2.Timeout(max(30.0, self._start_timeout or 0.0), connect=5.0),
         )
         last_error: Exception | None = None
         for attempt in range(max(retries, 1)):
             try:
-                self._kernel = await self._open_kernel()
+                self._kernel = await self._ready_kernel(None)
                 break
+            except KernelStartTimeoutError:
+                await self._abandon_connect()
+                raise
             except (httpx2.HTTPError, OSError, websockets.WebSocketException, KernelConnectionError) as exc:
                 last_error = exc
                 if attempt + 1 < retries:
                     await asyncio.sleep(retry_interval)
         else:
-            await self._http.aclose()
-            self._http = None
+            await self._abandon_connect()
             raise KernelConnectionError(
                 f"Could not create a kernel on the gateway at {self._base_url} after {retries} tries "
                 f"(last error: {last_error}). Is the gateway running on that host and port?"
             ) from last_error
 
+    async def _abandon_connect(self) -> None:
+        """After a failed `connect()`: shut down kernels it left behind, then close the HTTP client."""
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
     def _start_spare(self) -> None:
         """Start booting the kernel the next `reset()` will switch to."""
         if self.spare_kernel and self._spare is None and self._http is not None:
-            self._spare = asyncio.create_task(self._open_kernel())
+            self._spare = asyncio.create_task(self._bounded(self._open_kernel()))
             # A spare that fails is replaced on reset(); its error must not go unretrieved.
             self._spare.add_done_callback(lambda task: task.cancelled() or task.exception())
 
@@ -200,7 +234,8 @@ class KernelClient:
         if new is None or new.dead:
             if new is not None:
                 self._close_in_background(new)
-            new = await self._open_kernel()
+            new = None
+        new = await self._ready_kernel(new)
         self._kernel = new
         self._start_spare()
         self._close_in_background(old)
@@ -408,25 +443,95 @@ class KernelClient:
                         return True
         return False
 
+    async def _ready_kernel(self, kernel: KernelChannels | None) -> KernelChannels:
+        """`kernel` (else a new one) set up to serve executions, within the start timeout; a kernel
+        that fails its setup is shut down."""
+        if kernel is None:
+            kernel = await self._bounded(self._open_kernel())
+        if self._setup is not None:
+            try:
+                await self._bounded(self._run_setup(kernel, self._setup()))
+            except BaseException:
+                # Broad: cleanup on the way out of a failure that is re-raised.
+                self._close_in_background(kernel)
+                raise
+        return kernel
+
+    async def _bounded(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """`work` (a kernel's start or setup) within `start_timeout`."""
+        if self._start_timeout is None:
+            return await work
+        try:
+            async with asyncio.timeout(self._start_timeout):
+                return await work
+        except TimeoutError:
+            raise KernelStartTimeoutError(
+                f"No kernel was ready within kernel_start_timeout={self._start_timeout:g} s on the gateway at "
+                f"{self._base_url}. A cluster may take longer to start one (scheduling, image pulls): "
+                "raise kernel_start_timeout, or check the gateway's kernels and logs."
+            ) from None
+
+    async def _run_setup(self, kernel: KernelChannels, cells: list[str]) -> None:
+        """Run `cells` in `kernel` before it serves executions; `KernelConnectionError` if one fails."""
+        for code in cells:
+            await self._run_setup_cell(kernel, code)
+
+    async def _run_setup_cell(self, kernel: KernelChannels, code: str) -> None:
+        msg_id = uuid.uuid4().hex
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        kernel.queues[msg_id] = queue
+        outcome = Outcome(KeptText(self.max_output_chars), self.images_dir)
+        try:
+            await kernel.ws.send(execute_request(kernel.session, msg_id, code))
+            while not (outcome.idle and outcome.replied):
+                msg = await queue.get()
+                if msg is None:
+                    raise KernelConnectionError(
+                        f"The kernel {kernel.id} died while ipybox set it up, on the gateway at {self._base_url}."
+                    )
+                outcome.read(msg, kernel.busy)
+            outcome.result()
+        except websockets.ConnectionClosed as exc:
+            raise KernelConnectionError(
+                f"The connection to kernel {kernel.id} closed while ipybox set it up, on the gateway at {self._base_url}."
+            ) from exc
+        except ExecutionError as exc:
+            raise KernelConnectionError(
+                f"The kernel {kernel.id} on the gateway at {self._base_url} failed ipybox's setup: "
+                f"{exc.ename}: {exc.evalue}. Its Python needs ipybox installed (see deploy/kernel-image)."
+            ) from exc
+        finally:
+            kernel.queues.pop(msg_id, None)
+            kernel.busy.clear()
+
     async def _open_kernel(self) -> KernelChannels:
         assert self._http is not None
         # Sending "env" makes the gateway give the kernel only PATH plus the variables
         # the KernelGateway whitelisted, never the gateway's whole environment.
+        body: dict[str, Any] = {"env": {}}
+        if self._kernel_name is not None:
+            body["name"] = self._kernel_name
         try:
-            response = await self._http.post("/api/kernels", json={"env": {}})
+            response = await self._http.post("/api/kernels", json=body)
         except httpx2.HTTPError as exc:
             raise KernelConnectionError(
                 f"No kernel could be created: the gateway at {self._base_url} did not answer ({exc!r})."
             ) from exc
+        if response.status_code in (401, 403):
+            raise KernelConnectionError(
+                f"The gateway at {self._base_url} refused the credentials (HTTP {response.status_code}); "
+                "check its token (kernel_gateway_token)."
+            )
         if response.status_code != 201:
             raise KernelConnectionError(
                 f"The gateway refused to create a kernel (HTTP {response.status_code}): {response.text}"
             )
         kernel_id = response.json()["id"]
         session = uuid.uuid4().hex
+        ws_base = "ws" + self._base_url.removeprefix("http")  # http -> ws, https -> wss
         try:
             ws = await websockets.connect(
-                f"ws://{self.host}:{self.port}/api/kernels/{kernel_id}/channels?session_id={session}",
+                f"{ws_base}/api/kernels/{kernel_id}/channels?session_id={session}",
                 max_size=MAX_MESSAGE_SIZE,
                 ping_interval=self.ping_interval,
                 compression=None,
@@ -434,18 +539,14 @@ class KernelClient:
                 additional_headers=self._headers,
                 subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]  # a plain str is a valid subprotocol
             )
-            if ws.subprotocol != WS_PROTOCOL:
-                await ws.close()
-                raise KernelConnectionError(
-                    f"The gateway at {self._base_url} does not speak the {WS_PROTOCOL} WebSocket "
-                    "protocol; use jupyter-kernel-gateway 3 or later."
-                )
         except BaseException:
             # Broad: cleanup on the way out of a failure that is re-raised.
             with contextlib.suppress(Exception):
                 await self._http.delete(f"/api/kernels/{kernel_id}")
             raise
-        kernel = KernelChannels(id=kernel_id, ws=ws, session=session)
+        # A gateway on Jupyter Server 1 (Enterprise Gateway 3.3) speaks only plain JSON.
+        channels = ws if ws.subprotocol == WS_PROTOCOL else JsonChannels(ws)
+        kernel = KernelChannels(id=kernel_id, ws=channels, session=session)
         kernel.receiver = asyncio.create_task(kernel.receive())
         return kernel
 

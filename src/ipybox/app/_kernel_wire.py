@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-__all__ = ["MAX_MESSAGE_SIZE", "WS_PROTOCOL", "KernelChannels", "decode", "execute_request"]
+__all__ = ["MAX_MESSAGE_SIZE", "WS_PROTOCOL", "JsonChannels", "KernelChannels", "decode", "execute_request"]
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.kernel_mgr.client")
@@ -33,7 +34,7 @@ class KernelChannels:
     """One kernel on the gateway with its open channels WebSocket."""
 
     id: str
-    ws: ClientConnection
+    ws: ClientConnection | JsonChannels
     session: str
     queues: dict[str, asyncio.Queue[dict[str, Any] | None]] = field(default_factory=dict)
     receiver: asyncio.Task[None] | None = None
@@ -125,7 +126,7 @@ def _encode(channel: str, parts: list[dict[str, Any]]) -> bytes:
 def decode(frame: str | bytes) -> dict[str, Any]:
     """Decode the parts of a kernel message that the client routes on and reads."""
     if isinstance(frame, str):
-        frame = frame.encode()
+        return _decode_json(frame)
     count = int.from_bytes(frame[:8], "little")
     offsets = [int.from_bytes(frame[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
     header = json.loads(frame[offsets[1] : offsets[2]])
@@ -134,4 +135,51 @@ def decode(frame: str | bytes) -> dict[str, Any]:
         "msg_type": header["msg_type"],
         "parent_id": parent.get("msg_id"),
         "content": json.loads(frame[offsets[4] : offsets[5]]),
+    }
+
+
+class JsonChannels:
+    """A channels WebSocket in Jupyter's plain JSON protocol, behind the binary protocol's interface.
+
+    A gateway on Jupyter Server 1 (Enterprise Gateway 3.3) does not offer `WS_PROTOCOL`; then it
+    takes and sends each message as one JSON text. What the client sends (binary frames) is rewritten
+    here; what it receives arrives as text, which `decode` reads as JSON.
+    """
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self._ws = ws
+
+    async def send(self, frame: bytes) -> None:
+        """Send one binary-protocol frame as the JSON message it holds."""
+        count = int.from_bytes(frame[:8], "little")
+        offsets = [int.from_bytes(frame[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(count)]
+        channel, header, parent, metadata, content = (
+            frame[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)
+        )
+        # The parts are JSON already: spliced, not decoded and encoded again.
+        await self._ws.send(
+            b'{"channel":%s,"header":%s,"parent_header":%s,"metadata":%s,"content":%s,"buffers":[]}'
+            % (json.dumps(channel.decode()).encode(), header, parent, metadata, content),
+            text=True,
+        )
+
+    def __aiter__(self) -> AsyncIterator[str | bytes]:
+        return self._ws.__aiter__()
+
+    async def close(self) -> None:
+        await self._ws.close()
+
+
+def _decode_json(text: str) -> dict[str, Any]:
+    """Decode a plain-JSON-protocol message, with the same fields as `decode` (and the whole header)."""
+    msg = json.loads(text)
+    header = msg["header"]
+    parent = msg.get("parent_header") or {}
+    return {
+        "msg_type": header["msg_type"],
+        "parent_id": parent.get("msg_id"),
+        "content": msg.get("content") or {},
+        "channel": msg.get("channel"),
+        "header": header,
+        "parent_header": parent,
     }
