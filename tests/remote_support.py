@@ -290,7 +290,9 @@ def remote_gateway(kind: str) -> Iterator[RemoteGateway]:
             spec_dir.mkdir(parents=True)
             spec = {"argv": argv, "display_name": name, "language": "python", "env": env}
             (spec_dir / "kernel.json").write_text(json.dumps(spec))
-        command = ["env", f"JUPYTER_PATH={jupyter_path}", *argv_of(python)]
+        # Listing kernels lets the suites check that none is left behind.
+        listing = ["KG_LIST_KERNELS=True", "EG_LIST_KERNELS=True"]
+        command = ["env", f"JUPYTER_PATH={jupyter_path}", *listing, *argv_of(python)]
         with gateway_in_netns(command) as running:
             yield RemoteGateway(kind, running.url, running.token, KERNEL_NAME, running.log)
     finally:
