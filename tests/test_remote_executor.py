@@ -25,9 +25,12 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+from ipybox._wire import UserEnv
 from ipybox.app._settings import ExecutorSettings
 from ipybox.errors import KernelConnectionError, KernelStartTimeoutError
+from ipybox.mcp_server._cli import parse_args
 from tests.conftest import DEMO_SERVER
+from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
 from tests.remote_support import (
     GATEWAY_KINDS,
     NEVER_STARTS,
@@ -312,3 +315,47 @@ async def test_a_gateway_that_goes_away_fails_the_execution_with_a_clear_error_a
             await executor.execute("x")
     finally:
         await executor.stop()
+
+
+@pytest.mark.slow
+async def test_the_mcp_server_runs_its_sessions_kernel_on_the_gateway_with_mcptools_uploaded(
+    gateway: RemoteGateway, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "workspace"
+    params = stdio_params(
+        workspace,
+        "--kernel-gateway-url",
+        gateway.url,
+        "--kernel-name",
+        gateway.kernel_name,
+        env=server_env(**{UserEnv.KERNEL_GATEWAY_TOKEN: gateway.token, "KERNEL_ENV_GREETING": "hello"}),
+    )
+    async with connected(params) as client:
+        registered = await client.call_tool(
+            "register_mcp_server",
+            {"server_name": "demo", "server_params": {"command": sys.executable, "args": [str(DEMO_SERVER)]}},
+        )
+        assert not registered.is_error, text_of(registered)
+        assert (workspace / "mcptools" / "demo").is_dir()  # generated here, then uploaded
+        code = (
+            "import mcptools.demo, os\n"
+            "print(os.path.dirname(mcptools.demo.__file__) != "
+            f"{str(workspace / 'mcptools' / 'demo')!r}, os.environ['GREETING'])\n"
+            "print(repr(dict(os.environ)))"
+        )
+        result = await run(client, code)
+        assert not result.is_error, text_of(result)
+        first, environ = text_of(result).split("\n", 1)
+        assert first == "True hello"
+        assert gateway.token not in environ
+
+
+def test_the_cli_refuses_the_sandbox_and_a_bad_url_with_a_gateway() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--kernel-gateway-url", "http://gateway:8888", "--sandbox"])
+    with pytest.raises(SystemExit):
+        parse_args(["--kernel-gateway-url", "gateway:8888"])
+    with pytest.raises(SystemExit):
+        parse_args(["--kernel-name", "python3"])
+    args = parse_args(["--kernel-gateway-url", "http://gateway:8888", "--kernel-name", "ipybox"])
+    assert (args.kernel_gateway_url, args.kernel_name) == ("http://gateway:8888", "ipybox")
