@@ -63,7 +63,7 @@ while IFS= read -r path; do
     i=$((i + 1))
 done <<< "$KEEP"
 export TMPDIR=/tmp JUPYTER_RUNTIME_DIR=/tmp/jupyter-runtime
-socat -lf /dev/null "UNIX-LISTEN:$FORWARD_SOCKET,fork,mode=600" "TCP:127.0.0.1:$INNER_PORT,nodelay" &
+socat -lf /dev/null "UNIX-LISTEN:$FORWARD_SOCKET,fork,mode=600,backlog=256" "TCP:127.0.0.1:$INNER_PORT,nodelay" &
 exec "$@"
 """
 
@@ -159,7 +159,11 @@ def gateway_in_netns(argv: list[str], start_timeout: float = START_TIMEOUT) -> I
         )
         stack.callback(_stop, inner)
         outer = subprocess.Popen(
-            ["socat", "TCP-LISTEN:0,bind=127.0.0.1,fork,reuseaddr,nodelay", f"UNIX-CONNECT:{forward_socket}"],
+            [
+                "socat",
+                "TCP-LISTEN:0,bind=127.0.0.1,fork,reuseaddr,nodelay,backlog=256",
+                f"UNIX-CONNECT:{forward_socket}",
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -270,6 +274,16 @@ def remote_gateway(kind: str) -> Iterator[RemoteGateway]:
 
     if kind == "kernel-gateway":
         python, argv_of = sys.executable, kernel_gateway_argv
+    elif kind == "ipybox-gateway":
+        # ipybox's own gateway entry: the stock Kernel Gateway with TCP_NODELAY on its WebSockets
+        # (and lighter activity tracking), as the local executor runs it (for benchmarks).
+        python = sys.executable
+
+        def argv_of(python: str) -> list[str]:
+            argv = kernel_gateway_argv(python)
+            argv[2] = "ipybox.gateway._main"
+            return argv
+
     elif kind == "enterprise-gateway":
         python, argv_of = os.environ["IPYBOX_TEST_EG_PYTHON"], enterprise_gateway_argv
     else:

@@ -14,13 +14,14 @@ from typing import Any, NoReturn, Self, TypeVar
 
 import httpx2
 import websockets
+from websockets.asyncio.client import ClientConnection
 
 from ipybox.app._kernel_output import DEFAULT_MAX_OUTPUT_CHARS, ExecutionResult, KeptText, Outcome
 from ipybox.app._kernel_wire import (
     MAX_MESSAGE_SIZE,
     WS_PROTOCOL,
-    JsonChannels,
     KernelChannels,
+    RemoteChannels,
     execute_request,
 )
 from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError, KernelStartTimeoutError
@@ -545,7 +546,10 @@ class KernelClient:
                 await self._http.delete(f"/api/kernels/{kernel_id}")
             raise
         # A gateway on Jupyter Server 1 (Enterprise Gateway 3.3) speaks only plain JSON.
-        channels = ws if ws.subprotocol == WS_PROTOCOL else JsonChannels(ws)
+        json_protocol = ws.subprotocol != WS_PROTOCOL
+        channels: ClientConnection | RemoteChannels = ws
+        if self._url is not None or json_protocol:
+            channels = RemoteChannels(ws, json_protocol=json_protocol)
         kernel = KernelChannels(id=kernel_id, ws=channels, session=session)
         kernel.receiver = asyncio.create_task(kernel.receive())
         return kernel
