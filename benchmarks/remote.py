@@ -1,11 +1,19 @@
 """Kernels through a remote gateway vs local ones, in one run (issue 23).
 
-The remote gateways run in a network namespace with one forwarded port (tests/remote_support.py),
-with the same kernel arguments as ipybox's local kernel spec (`KERNEL_ARGS`; the extension is
-loaded by the executor's setup cell): the stock Jupyter Kernel Gateway, and the same gateway run
-through ipybox's own entry point (``ipybox.gateway._main``: TCP_NODELAY on its WebSockets), which
-shows what the stock gateway's Nagle delays cost. For each: `CodeExecutor` start to the first
-result, the trivial ``execute("x = 1")``, and 20 executors started at once (failures counted).
+The remote gateways run with the same kernel arguments as ipybox's local kernel spec
+(`KERNEL_ARGS`; the extension is loaded by the executor's setup cell):
+
+- the stock Jupyter Kernel Gateway reached over plain TCP (on this machine's loopback, no
+  namespace): what the client sees of a gateway on another host;
+- the stock gateway in a network namespace with one forwarded port (tests/remote_support.py);
+  there the forwarding ``socat`` inside receives the gateway's messages and delays its ACKs, which
+  the stock gateway's Nagle algorithm then waits for (~40 ms per execution): the client cannot
+  help that hop;
+- the same gateway run through ipybox's own entry point (``ipybox.gateway._main``: TCP_NODELAY on
+  its WebSockets) in the namespace.
+
+For each: `CodeExecutor` start to the first result, the trivial ``execute("x = 1")``, and 20
+executors started at once (failures counted).
 
     .venv/bin/python benchmarks/remote.py [--executes N] [--starts N] [--concurrent N]
 """
@@ -15,8 +23,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import os
+import secrets
+import shutil
+import socket
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +39,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import httpx2
+
 from ipybox import CodeExecutor
-from tests.remote_support import RemoteGateway, remote_gateway
+from ipybox.app._kernel_spec import KERNEL_ARGS
+from tests.remote_support import KERNEL_NAME, RemoteGateway, remote_gateway
 
 
 def options(gateway: RemoteGateway | None) -> dict[str, Any]:
@@ -78,9 +96,56 @@ async def measure(
 
 
 @contextlib.contextmanager
+def host_gateway() -> Iterator[RemoteGateway]:
+    """The stock Kernel Gateway on this machine's loopback, with the suites' kernel spec."""
+    folder = Path(tempfile.mkdtemp(prefix="ipybox-bench-"))
+    spec_dir = folder / "kernels" / KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    args = [arg for arg in KERNEL_ARGS if not arg.startswith("--IPKernelApp.extensions")]
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *args]
+    (spec_dir / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "k", "language": "python"})
+    )
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    token = secrets.token_urlsafe(24)
+    log = folder / "gateway.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "kernel_gateway",
+                "--KernelGatewayApp.ip=127.0.0.1",
+                f"--KernelGatewayApp.port={port}",
+            ],
+            env={**os.environ, "KG_AUTH_TOKEN": token, "JUPYTER_PATH": str(folder)},
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx2.HTTPError):
+                if httpx2.get(f"{url}/api", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield RemoteGateway("host", url, token, KERNEL_NAME, log)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def target(name: str) -> Iterator[RemoteGateway | None]:
     if name == "local":
         yield None
+    elif name == "host":
+        with host_gateway() as gateway:
+            yield gateway
     else:
         with remote_gateway(name) as gateway:
             yield gateway
@@ -94,7 +159,12 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--concurrent", type=int, default=20)
     args = parser.parse_args()
-    names = {"local": "local", "kernel-gateway": "remote, stock KG", "ipybox-gateway": "remote, KG + NODELAY"}
+    names = {
+        "local": "local",
+        "host": "stock KG over TCP",
+        "kernel-gateway": "stock KG in netns",
+        "ipybox-gateway": "KG+NODELAY in netns",
+    }
     results = {}
     for name in names:
         with target(name) as gateway:
