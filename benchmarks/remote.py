@@ -15,7 +15,7 @@ The remote gateways run with the same kernel arguments as ipybox's local kernel 
 For each: `CodeExecutor` start to the first result, the trivial ``execute("x = 1")``, and 20
 executors started at once (failures counted).
 
-    .venv/bin/python benchmarks/remote.py [--executes N] [--starts N] [--concurrent N]
+    .venv/bin/python benchmarks/remote.py [--executes N] [--starts N] [--concurrent N] [--targets ...]
 """
 
 from __future__ import annotations
@@ -158,6 +158,7 @@ def main() -> None:
     parser.add_argument("--executes", type=int, default=200)
     parser.add_argument("--starts", type=int, default=5)
     parser.add_argument("--concurrent", type=int, default=20)
+    parser.add_argument("--targets", nargs="+", choices=["host", "kernel-gateway", "ipybox-gateway"])
     args = parser.parse_args()
     names = {
         "local": "local",
@@ -165,6 +166,8 @@ def main() -> None:
         "kernel-gateway": "stock KG in netns",
         "ipybox-gateway": "KG+NODELAY in netns",
     }
+    if args.targets:
+        names = {name: label for name, label in names.items() if name == "local" or name in args.targets}
     results = {}
     for name in names:
         with target(name) as gateway:

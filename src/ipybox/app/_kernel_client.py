@@ -178,9 +178,14 @@ class KernelClient:
     def _start_spare(self) -> None:
         """Start booting the kernel the next `reset()` will switch to."""
         if self.spare_kernel and self._spare is None and self._http is not None:
-            self._spare = asyncio.create_task(self._bounded(self._open_kernel()))
+            self._spare = asyncio.create_task(self._open_spare())
             # A spare that fails is replaced on reset(); its error must not go unretrieved.
             self._spare.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def _open_spare(self) -> KernelChannels:
+        # The kernel's start is made here, in the task: a task cancelled before it ran leaves no
+        # coroutine behind that never ran.
+        return await self._bounded(self._open_kernel())
 
     async def disconnect(self, *, shutdown_kernels: bool = True) -> None:
         """Shut down the kernel (and the spare) and close the connection.
@@ -462,10 +467,13 @@ class KernelClient:
         """`work` (a kernel's start or setup) within `start_timeout`."""
         if self._start_timeout is None:
             return await work
+        scope = asyncio.timeout(self._start_timeout)
         try:
-            async with asyncio.timeout(self._start_timeout):
+            async with scope:
                 return await work
         except TimeoutError:
+            if not scope.expired():
+                raise  # a limit of its own inside (the WebSocket handshake's), not this one
             raise KernelStartTimeoutError(
                 f"No kernel was ready within kernel_start_timeout={self._start_timeout:g} s on the gateway at "
                 f"{self._base_url}. A cluster may take longer to start one (scheduling, image pulls): "
@@ -536,7 +544,8 @@ class KernelClient:
                 max_size=MAX_MESSAGE_SIZE,
                 ping_interval=self.ping_interval,
                 compression=None,
-                open_timeout=_OPEN_TIMEOUT,
+                # With a start timeout, that bounds the handshake too.
+                open_timeout=None if self._start_timeout is not None else _OPEN_TIMEOUT,
                 additional_headers=self._headers,
                 subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]  # a plain str is a valid subprotocol
             )
