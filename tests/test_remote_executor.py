@@ -277,6 +277,24 @@ async def test_a_killed_kernel_fails_its_execution_and_the_next_one_gets_a_fresh
 
 
 @pytest.mark.slow
+async def test_a_kernel_the_cluster_removes_between_cells_is_replaced_on_the_next_execution(
+    gateway: RemoteGateway, executor: CodeExecutor
+) -> None:
+    await executor.execute("gone = 1")
+    assert executor._kernels is not None
+    kernel_id = executor._kernels.client.kernel_id
+    # Shut down through the gateway's API, as culling or an eviction does, not by the executor.
+    async with httpx2.AsyncClient(headers={"Authorization": f"token {gateway.token}"}) as client:
+        assert (await client.delete(f"{gateway.url}/api/kernels/{kernel_id}")).status_code == 204
+    with pytest.raises(CodeExecutionError, match="a fresh kernel has replaced it"):
+        await executor.execute("gone")
+    with pytest.raises(CodeExecutionError, match="NameError"):
+        await executor.execute("gone")
+    assert executor._kernels.client.kernel_id != kernel_id
+    assert (await executor.execute("import os\nprint(os.getcwd())")).text == REMOTE_DIR
+
+
+@pytest.mark.slow
 async def test_a_kernel_that_never_starts_ends_in_a_bounded_wait_and_leaves_no_kernel(
     gateway: RemoteGateway,
 ) -> None:

@@ -32,6 +32,8 @@ __all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 logger = logging.getLogger("ipybox.kernel_mgr.client")
 _INTERRUPT_GRACE = 5.0
 _T = TypeVar("_T")
+# Seconds between checks that a kernel elsewhere still exists, while an execution waits for it.
+_LIVENESS_INTERVAL = 5.0
 # The channels handshake completes only once the new kernel answers; on a busy machine
 # a kernel can take longer to boot than the WebSocket library's 10 s default.
 _OPEN_TIMEOUT = 60.0
@@ -106,6 +108,7 @@ class KernelClient:
         self._spare: asyncio.Task[KernelChannels] | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
+        self._watchers: dict[str, asyncio.Task[None]] = {}
 
     @property
     def kernel_id(self) -> str:
@@ -561,11 +564,37 @@ class KernelClient:
             channels = RemoteChannels(ws, json_protocol=json_protocol)
         kernel = KernelChannels(id=kernel_id, ws=channels, session=session)
         kernel.receiver = asyncio.create_task(kernel.receive())
+        if self._url is not None:
+            self._watchers[kernel.id] = asyncio.create_task(self._watch(kernel))
         return kernel
+
+    async def _watch(self, kernel: KernelChannels) -> None:
+        """While executions wait for a kernel elsewhere, check now and then that it still exists.
+
+        A kernel shut down through the gateway's API (culled, evicted, deleted by someone else)
+        sends nothing and its WebSocket may stay open: the execution would wait for its whole
+        timeout. The gateway tells of no such end, so it is asked; a kernel it no longer knows is
+        dead, and the execution ends with `KernelDiedError`. An unreachable gateway is left to the
+        WebSocket's pings.
+        """
+        while not kernel.dead:
+            await asyncio.sleep(_LIVENESS_INTERVAL)
+            if kernel.pending == 0 or self._http is None:
+                continue
+            try:
+                response = await self._http.get(f"/api/kernels/{kernel.id}")
+            except httpx2.HTTPError:
+                continue
+            if response.status_code == 404:
+                logger.warning("Kernel %s is gone from the gateway at %s.", kernel.id, self._base_url)
+                kernel.died()
+                return
 
     async def _close_kernel(self, kernel: KernelChannels, shutdown: bool = True) -> None:
         if kernel.receiver is not None:
             kernel.receiver.cancel()
+        if (watcher := self._watchers.pop(kernel.id, None)) is not None:
+            watcher.cancel()
         # Broad: a connection that is already broken closes with errors of its own.
         with contextlib.suppress(Exception):
             await kernel.ws.close()
