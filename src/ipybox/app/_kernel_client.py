@@ -240,11 +240,18 @@ class KernelClient:
                 new = await spare
             except Exception:  # broad: a spare kernel that failed to start is replaced by a new one below
                 new = None
-        if new is None or new.dead:
-            if new is not None:
-                self._close_in_background(new)
+        if new is not None and new.dead:
+            self._close_in_background(new)
             new = None
-        new = await self._ready_kernel(new)
+        if new is not None and self._setup is not None:
+            try:
+                new = await self._ready_kernel(new)
+            except KernelStartTimeoutError:
+                raise
+            except KernelConnectionError:
+                new = None  # a spare whose setup failed (it was shut down): a new kernel below
+        if new is None:
+            new = await self._ready_kernel(None)
         self._kernel = new
         self._start_spare()
         self._close_in_background(old)

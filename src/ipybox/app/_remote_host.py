@@ -190,9 +190,11 @@ class RemoteKernelHost:
         """
         self._on_start(KernelConfinement())
         client = self._new_client()
-        # One try: a gateway that is not there now will not be there in a second (a local
-        # gateway's retries cover its own start).
-        await client.connect(retries=1)
+        # A second try at once, for a kernel that died or lost its connection while it started
+        # (a pod evicted at boot, a loaded gateway); not after `kernel_start_timeout`, which
+        # `connect` raises at once, nor with a pause: a gateway that is not there now will not be
+        # there in a second.
+        await client.connect(retries=2, retry_interval=0)
         self._client = client
 
     async def stop(self) -> None:
