@@ -33,6 +33,7 @@ from tests.conftest import DEMO_SERVER
 from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
 from tests.remote_support import (
     GATEWAY_KINDS,
+    INNER_PORT,
     NEVER_STARTS,
     RemoteGateway,
     remote_gateway,
@@ -231,6 +232,33 @@ async def test_the_gateway_token_and_the_tool_servers_token_never_reach_the_kern
     assert seen.text is not None and "TOOL_SERVER_HOST" in seen.text
     for secret in secrets:
         assert secret not in seen.text
+
+
+@pytest.mark.slow
+async def test_code_in_the_kernel_cannot_use_the_gateways_api_with_anything_it_can_find(
+    executor: CodeExecutor,
+) -> None:
+    # The gateway listens beside the kernel (the namespace's loopback); hostile code tries every
+    # value of its environment and every word of the cells it ran as the gateway's token.
+    attack = f"""
+import os, re, urllib.error, urllib.request
+candidates = {{""}} | set(os.environ.values()) | set(re.findall(r"[A-Za-z0-9_-]{{16,}}", " ".join(In)))
+statuses = set()
+for token in candidates:
+    request = urllib.request.Request(
+        "http://127.0.0.1:{INNER_PORT}/api/kernels", headers={{"Authorization": f"token {{token}}"}}
+    )
+    try:
+        statuses.add(urllib.request.urlopen(request, timeout=10).status)
+    except urllib.error.HTTPError as error:
+        statuses.add(error.code)
+print(len(candidates) > 1, sorted(statuses))
+"""
+    result = await executor.execute(attack)
+    assert result.text is not None
+    tried, statuses = result.text.split(" ", 1)
+    assert tried == "True"
+    assert {int(status) for status in statuses.strip("[]").split(", ")} <= {401, 403}, statuses
 
 
 @pytest.mark.slow
