@@ -12,8 +12,8 @@ The remote gateways run with the same kernel arguments as ipybox's local kernel 
 - the same gateway run through ipybox's own entry point (``ipybox.gateway._main``: TCP_NODELAY on
   its WebSockets) in the namespace.
 
-For each: `CodeExecutor` start to the first result, the trivial ``execute("x = 1")``, and 20
-executors started at once (failures counted).
+For each: `CodeExecutor` start to the first result, the trivial ``execute("x = 1")``, `reset()` to
+the next result, and 20 executors started at once (failures counted).
 
     .venv/bin/python benchmarks/remote.py [--executes N] [--starts N] [--concurrent N] [--targets ...]
 """
@@ -73,6 +73,13 @@ async def measure(
             began = time.perf_counter()
             await executor.execute("x = 1")
             execute_times.append(time.perf_counter() - began)
+        reset_times = []
+        for _ in range(starts):
+            await executor.execute("import time; time.sleep(1)")  # the spare kernel gets ready meanwhile
+            began = time.perf_counter()
+            await executor.reset()
+            await executor.execute("x = 1")
+            reset_times.append(time.perf_counter() - began)
     executors = [CodeExecutor(spare_kernel=False, **options(gateway)) for _ in range(concurrent)]
 
     async def first_result(executor: CodeExecutor) -> None:
@@ -90,6 +97,7 @@ async def measure(
         "start": statistics.median(start_times),
         "execute": statistics.median(execute_times),
         "execute_p90": statistics.quantiles(execute_times, n=10)[-1],
+        "reset": statistics.median(reset_times),
         "together": together,
         "failures": failures,
     }
@@ -174,13 +182,14 @@ def main() -> None:
             results[name] = asyncio.run(measure(gateway, args.executes, args.starts, args.concurrent))
     local = results["local"]
     print(
-        f"{'':22} {'start→result':>13} {'execute med':>12} {'p90':>9} {args.concurrent} at once {'failed':>7}"
+        f"{'':22} {'start→result':>13} {'execute med':>12} {'p90':>9} {'reset→result':>13} "
+        f"{args.concurrent} at once {'failed':>7}"
     )
     for name, label in names.items():
         r = results[name]
         print(
             f"{label:22} {r['start'] * 1000:10.0f} ms {r['execute'] * 1000:9.2f} ms {r['execute_p90'] * 1000:6.2f} ms"
-            f" {r['together']:9.2f} s {len(r['failures']):7d}"
+            f" {r['reset'] * 1000:10.0f} ms {r['together']:9.2f} s {len(r['failures']):7d}"
         )
         for failure in r["failures"][:3]:
             print(f"    {type(failure).__name__}: {failure}")
@@ -188,6 +197,7 @@ def main() -> None:
         r = results[name]
         print(
             f"{label} / local: start {r['start'] / local['start']:.2f}x, execute {r['execute'] / local['execute']:.2f}x, "
+            f"reset {r['reset'] / local['reset']:.2f}x, "
             f"{args.concurrent} at once {r['together'] / local['together']:.2f}x"
         )
 
