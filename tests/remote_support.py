@@ -37,6 +37,7 @@ forwards connections from the host in.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -90,7 +91,7 @@ while IFS= read -r path; do
     i=$((i + 1))
 done <<< "$KEEP"
 export TMPDIR=/tmp JUPYTER_RUNTIME_DIR=/tmp/jupyter-runtime
-socat -lf /dev/null "UNIX-LISTEN:$FORWARD_SOCKET,fork,mode=600" "TCP:127.0.0.1:$INNER_PORT,nodelay" &
+socat -lf /dev/null "UNIX-LISTEN:$FORWARD_SOCKET,fork,mode=600,backlog=256" "TCP:127.0.0.1:$INNER_PORT,nodelay" &
 exec "$@"
 """
 
@@ -189,7 +190,11 @@ def gateway_in_netns(argv: list[str], start_timeout: float = START_TIMEOUT) -> I
         )
         stack.callback(_stop, inner)
         outer = subprocess.Popen(
-            ["socat", "TCP-LISTEN:0,bind=127.0.0.1,fork,reuseaddr,nodelay", f"UNIX-CONNECT:{forward_socket}"],
+            [
+                "socat",
+                "TCP-LISTEN:0,bind=127.0.0.1,fork,reuseaddr,nodelay,backlog=256",
+                f"UNIX-CONNECT:{forward_socket}",
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -380,3 +385,85 @@ def gateway_on_host(
 def _free_port() -> int:
     with socket.create_server(("127.0.0.1", 0)) as probe:
         return int(probe.getsockname()[1])
+
+
+# The kinds of remote gateway the executor suite (tests/test_remote_executor.py) runs against;
+# `remote_gateway` starts one, with the suite's own kernel specs.
+EXECUTOR_GATEWAY_KINDS = ("kernel-gateway", "enterprise-gateway")
+# The kernel spec the suites start: ipybox's kernel arguments without its extension, which the
+# executor's setup cell loads once it has applied the kernel's environment.
+KERNEL_NAME = "ipybox-remote"
+# A kernel spec whose kernel never comes up (a pod that is never scheduled).
+NEVER_STARTS = "ipybox-never-starts"
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+@dataclass(frozen=True)
+class RemoteGateway:
+    """A running gateway for the remote suites: where it is, its token, the kernel spec to use."""
+
+    kind: str
+    url: str
+    token: str
+    kernel_name: str
+    log: Path
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of the gateway's output, for failure messages."""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+def remote_gateway_unavailable(kind: str) -> str | None:
+    """Why a gateway of `kind` cannot run here, or None when it can."""
+    reason = netns_unavailable()
+    if reason is not None:
+        return f"no gateway can run in a network namespace here: {reason}"
+    if kind == "enterprise-gateway" and not os.environ.get("IPYBOX_TEST_EG_PYTHON"):
+        return "IPYBOX_TEST_EG_PYTHON is not set; `bash scripts/test-remote.sh` installs Enterprise Gateway"
+    return None
+
+
+@contextlib.contextmanager
+def remote_gateway(kind: str) -> Iterator[RemoteGateway]:
+    """Start a gateway of `kind` in a network namespace, with the suites' kernel specs."""
+    from ipybox.app._kernel_spec import KERNEL_ARGS
+
+    if kind == "kernel-gateway":
+        python, argv_of = sys.executable, kernel_gateway_argv
+    elif kind == "ipybox-gateway":
+        # ipybox's own gateway entry: the stock Kernel Gateway with TCP_NODELAY on its WebSockets
+        # (and lighter activity tracking), as the local executor runs it (for benchmarks).
+        python = sys.executable
+
+        def argv_of(python: str) -> list[str]:
+            argv = kernel_gateway_argv(python)
+            argv[2] = "ipybox.gateway._main"
+            return argv
+
+    elif kind == "enterprise-gateway":
+        python, argv_of = os.environ["IPYBOX_TEST_EG_PYTHON"], enterprise_gateway_argv
+    else:
+        raise ValueError(f"unknown gateway kind {kind!r}")
+    # Outside /tmp, which the namespace replaces with its own.
+    jupyter_path = Path(tempfile.mkdtemp(prefix="ipybox-kernelspecs-", dir="/var/tmp"))
+    try:
+        args = [arg for arg in KERNEL_ARGS if not arg.startswith("--IPKernelApp.extensions")]
+        # Enterprise Gateway's environment lacks ipybox: its kernels take the kernel side (standard
+        # library only) from this checkout, as an image with ipybox installed would have it.
+        env = {"PYTHONPATH": SRC} if kind == "enterprise-gateway" else {}
+        specs = {
+            KERNEL_NAME: [python, "-m", "ipykernel_launcher", "-f", "{connection_file}", *args],
+            NEVER_STARTS: [python, "-c", "import time; time.sleep(3600)", "{connection_file}"],
+        }
+        for name, argv in specs.items():
+            spec_dir = jupyter_path / "kernels" / name
+            spec_dir.mkdir(parents=True)
+            spec = {"argv": argv, "display_name": name, "language": "python", "env": env}
+            (spec_dir / "kernel.json").write_text(json.dumps(spec))
+        # Listing kernels lets the suites check that none is left behind.
+        listing = ["KG_LIST_KERNELS=True", "EG_LIST_KERNELS=True"]
+        command = ["env", f"JUPYTER_PATH={jupyter_path}", *listing, *argv_of(python)]
+        with gateway_in_netns(command) as running:
+            yield RemoteGateway(kind, running.url, running.token, KERNEL_NAME, running.log)
+    finally:
+        shutil.rmtree(jupyter_path, ignore_errors=True)

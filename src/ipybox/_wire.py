@@ -119,6 +119,8 @@ class UserEnv:
     """The sandbox runtime to use (``app/_sandbox/_srt.py``)."""
     MCP_TOKEN: Final = "IPYBOX_MCP_TOKEN"
     """The bearer token of the MCP server's HTTP transport (``mcp_server/_http.py``)."""
+    KERNEL_GATEWAY_TOKEN: Final = "IPYBOX_KERNEL_GATEWAY_TOKEN"
+    """The token of the gateway ``--kernel-gateway-url`` names (``mcp_server/_cli.py``)."""
 
 
 class RunFields:

@@ -10,6 +10,7 @@ in ``ipybox``)::
     ├── GatewayError              the kernel gateway could not start or was stopped
     │   └── SandboxUnavailableError   sandboxing was asked for but cannot be provided
     ├── KernelConnectionError     no kernel could be created or reached
+    │   └── KernelStartTimeoutError   a kernel did not start within its time (a remote gateway's)
     ├── ExecutionError            code raised in the kernel (ename, evalue, traceback)
     │   ├── KernelDiedError       the kernel process died while running code
     │   └── CodeExecutionError    raised by CodeExecutor (also for rejected tool calls)
@@ -50,6 +51,7 @@ __all__ = [
     "IpyboxError",
     "KernelConnectionError",
     "KernelDiedError",
+    "KernelStartTimeoutError",
     "MCPServerError",
     "NoApprovalClientError",
     "PolicyError",
@@ -77,6 +79,14 @@ class SandboxUnavailableError(GatewayError):
 
 class KernelConnectionError(IpyboxError, RuntimeError):
     """A kernel could not be created on the gateway, or its channels could not be reached."""
+
+
+class KernelStartTimeoutError(KernelConnectionError):
+    """A kernel did not start, connect and get set up within ``kernel_start_timeout`` seconds.
+
+    A gateway on a cluster may take long to start a kernel (a pod being scheduled, an image being
+    pulled): raise the timeout, or check the gateway's kernels.
+    """
 
 
 class ExecutionError(IpyboxError):

@@ -23,6 +23,7 @@ from ipybox.app._oversight import Oversight
 from ipybox.app._policy import Policy
 from ipybox.app._pool import KernelPool, PooledKernels
 from ipybox.app._registry import ServerRegistry, default_registry
+from ipybox.app._remote_host import RemoteKernelHost
 from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app._settings import ExecutorSettings
 from ipybox.app._stdin_tools import StdinToolCalls
@@ -136,12 +137,32 @@ class CodeExecutor:
             WebSocket, for a kernel that can reach nothing else (on another host). Mainly for remote
             kernels; with ``"stdin"`` locally, every guarantee stays (registry, policy, approval,
             limits), calls only work while a cell runs, and ``input()`` raises ``EOFError``.
+            ``None`` (the default): ``"stdin"`` with `kernel_gateway_url`, else ``"http"``.
+        kernel_gateway_url: The address of an existing Jupyter gateway (Kernel Gateway, or
+            Enterprise Gateway and its process proxies: Kubernetes, Docker, YARN, SSH) to run the
+            kernel on, instead of starting a local one, e.g. ``"https://gateway.example.com"``.
+            Kernels are started and stopped through its REST API; tool calls, approvals, plots and
+            `upload` travel over the gateway's own WebSocket, so the kernel needs no connection to
+            this process and no shared disk. `working_dir` is then an absolute path on the kernel's
+            host (made if missing). Not available with it, as the cluster runs and isolates the
+            kernel: ``sandbox``, ``sandbox_config``, ``sandbox_hidden``, ``memory_limit``,
+            ``max_processes``, ``kernel_gateway_host``, ``kernel_gateway_port`` (a `ValueError`
+            says why).
+        kernel_gateway_token: The gateway's auth token (sent as ``Authorization: token ...``); it
+            never reaches the kernel.
+        kernel_name: The gateway's kernel spec to start (``GET /api/kernelspecs`` lists them);
+            ``None``: its default. Its Python needs ipybox installed (see ``deploy/``).
+        kernel_start_timeout: Seconds a kernel on `kernel_gateway_url` may take to start and be
+            set up (a pod being scheduled, an image pulled), at start, reset and recovery; past
+            them `KernelStartTimeoutError`. The gateway's own limit (Enterprise Gateway's
+            ``KERNEL_LAUNCH_TIMEOUT``) may end it first.
 
     The arguments are checked at once and kept, frozen, as `settings`.
 
     Raises:
         ValueError: If an argument is out of range or of the wrong kind (the message names it),
-            `sandbox_config` is given without ``sandbox=True``, or the settings differ from `pool`'s.
+            `sandbox_config` is given without ``sandbox=True``, the settings differ from `pool`'s,
+            or an option that needs a local kernel is given with `kernel_gateway_url`.
     """
 
     def __init__(
@@ -172,7 +193,11 @@ class CodeExecutor:
         audit: bool | Path = False,
         registry: ServerRegistry | None = None,
         pool: KernelPool | None = None,
-        tool_channel: Literal["http", "stdin"] = "http",
+        tool_channel: Literal["http", "stdin"] | None = None,
+        kernel_gateway_url: str | None = None,
+        kernel_gateway_token: str | None = None,
+        kernel_name: str | None = None,
+        kernel_start_timeout: float = 120,
     ) -> None:
         self._settings = ExecutorSettings(
             tool_server_host=tool_server_host,
@@ -196,12 +221,21 @@ class CodeExecutor:
             max_result_size=max_result_size,
             sandbox_hidden=sandbox_hidden,
             tool_channel=tool_channel,
+            kernel_gateway_url=kernel_gateway_url,
+            kernel_gateway_token=kernel_gateway_token,
+            kernel_name=kernel_name,
+            kernel_start_timeout=kernel_start_timeout,
         )
         # Objects the application keeps, not settings: the live rules, the trail, spans, the registry.
         self._oversight = Oversight(policy, audit, tracing)
         self._registry = registry if registry is not None else default_registry()
         if pool is not None:
-            if tool_channel != "http":
+            if self._settings.remote:
+                raise ValueError(
+                    "pool and kernel_gateway_url were both given; a pool keeps kernels on its own local "
+                    "gateway. Drop one of them."
+                )
+            if self._settings.tool_channel != "http":
                 raise ValueError(
                     "tool_channel='stdin' is for kernels on another host; a pool's kernels are local and "
                     "reach their tool server directly: leave tool_channel at 'http' with pool."
@@ -210,7 +244,7 @@ class CodeExecutor:
         self._pool = pool
         # The parts, made by start() and dropped by stop(); each owns its own lifecycle.
         self._tool_server: ToolServer | None = None
-        self._kernels: KernelHost | PooledKernels | None = None
+        self._kernels: KernelHost | PooledKernels | RemoteKernelHost | None = None
         self._approval: ApprovalClient | None = None
         self._socket_dir: Path | None = None
         self._stdin_calls: StdinToolCalls | None = None
@@ -291,7 +325,8 @@ class CodeExecutor:
                 log_level=settings.log_level,
                 log_to_stderr=True,
                 registry=self._registry,
-                scope=settings.working_dir or Path.cwd().resolve(),
+                # A remote kernel's working directory is on its host, not here.
+                scope=(None if settings.remote else settings.working_dir) or Path.cwd().resolve(),
                 approve_tool_calls=settings.approve_tool_calls,
                 max_result_size=settings.max_result_size,
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
@@ -309,16 +344,22 @@ class CodeExecutor:
                 socket=str(tool_server.uds) if tool_server.uds is not None else None,
                 channel=StdinChannel.VALUE if stdin_calls is not None else None,
             )
-            # The tool server learns from the gateway, at each of its starts, where kernels write.
+            kernel_env = {**settings.kernel_settings(), **address.to_env()}
             # The audit trail's folder too: a sandboxed kernel can neither read nor write it.
             hidden = (trail_dir,) if trail_dir is not None else ()
-            kernels: KernelHost | PooledKernels
-            if self._pool is not None:
+            kernels: KernelHost | PooledKernels | RemoteKernelHost
+            if settings.remote:
+                assert stdin_calls is not None  # a remote kernel's calls come over its stdin channel
+                kernels = RemoteKernelHost(
+                    settings, kernel_env, on_start=tool_server.confine, stdin_handler=stdin_calls
+                )
+            elif self._pool is not None:
                 kernels = self._pool._kernels_for(settings, address, tool_server.confine, hidden)
             else:
+                # The tool server learns from the gateway, at each of its starts, where kernels write.
                 kernels = KernelHost(
                     settings,
-                    {**settings.kernel_settings(), **address.to_env()},
+                    kernel_env,
                     on_start=tool_server.confine,
                     hidden=hidden,
                     registry_dir=self._registry.path.parent,
@@ -491,7 +532,7 @@ class CodeExecutor:
     async def _run(
         self,
         outputs: AsyncGenerator[str | ExecutionResult, None],
-        kernels: KernelHost | PooledKernels,
+        kernels: KernelHost | PooledKernels | RemoteKernelHost,
         chunks: bool,
         items: asyncio.Queue[_Item | None],
     ) -> None:
@@ -522,7 +563,44 @@ class CodeExecutor:
         else:
             self._requests.put_nowait(request)
 
-    def _require_started(self) -> tuple[KernelHost | PooledKernels, ToolServer]:
+    async def upload(self, source: Path | str, dest: str | None = None) -> str:
+        """Put a file or folder into a remote kernel's working directory (`kernel_gateway_url`).
+
+        A remote kernel shares no disk with the application: what it should import or read, such
+        as the ``mcptools`` folder `generate_mcp_sources` wrote, is uploaded, and sent again to
+        every fresh kernel (after `reset()`, a restart or a recovery). An upload to the same
+        place replaces the earlier one (a folder whole). Locally the kernel reads `working_dir`
+        itself: write files there instead.
+
+        Example:
+            .. code-block:: python
+
+                await generate_mcp_sources("library", params, Path("build/mcptools"))
+                await executor.upload("build/mcptools")  # the kernel imports mcptools.library
+
+        Args:
+            source: The local file or folder.
+            dest: Where it goes, relative to the kernel's working directory; by default its name.
+
+        Returns:
+            Where it went, relative to the kernel's working directory.
+
+        Raises:
+            RuntimeError: If the executor is not started, or its kernel is local.
+            ValueError: If `source` does not exist or is too large, or `dest` is not a relative
+                path inside the working directory.
+            KernelConnectionError: If the kernel could not unpack it.
+        """
+        kernels, _ = self._require_started()
+        if not isinstance(kernels, RemoteKernelHost):
+            raise RuntimeError(
+                "upload() is for kernels on a remote gateway (kernel_gateway_url); a local kernel reads "
+                "its working_dir directly: write the files there."
+            )
+        async with self._lock:
+            return await kernels.upload(Path(source), dest)
+
+    def _require_started(self) -> tuple[KernelHost | PooledKernels | RemoteKernelHost, ToolServer]:
         if self._kernels is None or self._tool_server is None:
             raise RuntimeError("The code executor is not started; call start() or use 'async with'.")
         return self._kernels, self._tool_server

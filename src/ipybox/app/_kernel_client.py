@@ -7,13 +7,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, Protocol, Self
+from typing import Any, NoReturn, Protocol, Self, TypeVar
 
 import httpx2
 import websockets
+from websockets.asyncio.client import ClientConnection
 
 from ipybox._wire import PROMPT_PREFIX
 from ipybox.app._kernel_output import DEFAULT_MAX_OUTPUT_CHARS, ExecutionResult, KeptText, Outcome
@@ -21,16 +22,20 @@ from ipybox.app._kernel_wire import (
     MAX_MESSAGE_SIZE,
     WS_PROTOCOL,
     KernelChannels,
+    RemoteChannels,
     execute_request,
     input_reply,
 )
-from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
+from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError, KernelStartTimeoutError
 
 __all__ = ["ExecutionError", "ExecutionResult", "KernelClient", "StdinHandler"]
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.kernel_mgr.client")
 _INTERRUPT_GRACE = 5.0
+_T = TypeVar("_T")
+# Seconds between checks that a kernel elsewhere still exists, while an execution waits for it.
+_LIVENESS_INTERVAL = 5.0
 # The channels handshake completes only once the new kernel answers; on a busy machine
 # a kernel can take longer to boot than the WebSocket library's 10 s default.
 _OPEN_TIMEOUT = 60.0
@@ -88,6 +93,13 @@ class KernelClient:
             ``PROMPT_PREFIX`` goes to the handler, and a plain ``input()`` in the code raises
             ``EOFError`` (nobody types into a kernel ipybox runs). ``None``: stdin is not allowed,
             and ``input()`` raises ``StdinNotImplementedError``.
+        url: The gateway's base URL (``http://`` or ``https://``, with a path prefix if it has
+            one), for a gateway elsewhere; replaces `host` and `port`.
+        kernel_name: The kernel spec to start kernels from; ``None``: the gateway's default.
+        start_timeout: Seconds a kernel may take to start, connect and run `setup`; past them
+            `KernelStartTimeoutError`. ``None``: the gateway's own limits apply.
+        setup: Gives the cells each kernel runs, in order, before it serves any execution (at
+            connect, at every reset and restart); called each time, so that they can change.
     """
 
     def __init__(
@@ -103,6 +115,10 @@ class KernelClient:
         kernel_source: Callable[[], Awaitable[KernelChannels]] | None = None,
         http: httpx2.AsyncClient | None = None,
         stdin_handler: StdinHandler | None = None,
+        url: str | None = None,
+        kernel_name: str | None = None,
+        start_timeout: float | None = None,
+        setup: Callable[[], list[str]] | None = None,
     ) -> None:
         if max_output_chars < 2:
             raise ValueError(f"max_output_chars must be at least 2, not {max_output_chars!r}.")
@@ -116,11 +132,16 @@ class KernelClient:
         self._kernel_source = kernel_source
         self._shared_http = http
         self.stdin_handler = stdin_handler
+        self._url = url.rstrip("/") if url is not None else None
+        self._kernel_name = kernel_name
+        self._start_timeout = start_timeout
+        self._setup = setup
         self._http: httpx2.AsyncClient | None = None
         self._kernel: KernelChannels | None = None
         self._spare: asyncio.Task[KernelChannels] | None = None
         self._lock = asyncio.Lock()
         self._closing: set[asyncio.Task[None]] = set()
+        self._watchers: dict[str, asyncio.Task[None]] = {}
 
     @property
     def kernel_id(self) -> str:
@@ -135,7 +156,7 @@ class KernelClient:
 
     @property
     def _base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return self._url if self._url is not None else f"http://{self.host}:{self.port}"
 
     async def __aenter__(self) -> Self:
         await self.connect()
@@ -160,32 +181,48 @@ class KernelClient:
             return
         # Making an HTTP client costs tens of milliseconds (its TLS context): a pool's is shared.
         self._http = self._shared_http or httpx2.AsyncClient(
-            base_url=self._base_url, headers=self._headers, timeout=httpx2.Timeout(30.0, connect=5.0)
+            base_url=self._base_url,
+            headers=self._headers,
+            # A gateway on a cluster answers a kernel's start only once the kernel runs.
+            timeout=httpx2.Timeout(max(30.0, self._start_timeout or 0.0), connect=5.0),
         )
         last_error: Exception | None = None
         for attempt in range(max(retries, 1)):
             try:
-                self._kernel = await self._open_kernel()
+                self._kernel = await self._ready_kernel(None)
                 break
+            except KernelStartTimeoutError:
+                await self._abandon_connect()
+                raise
             except (httpx2.HTTPError, OSError, websockets.WebSocketException, KernelConnectionError) as exc:
                 last_error = exc
                 if attempt + 1 < retries:
                     await asyncio.sleep(retry_interval)
         else:
-            if self._http is not self._shared_http:
-                await self._http.aclose()
-            self._http = None
+            await self._abandon_connect()
             raise KernelConnectionError(
                 f"Could not create a kernel on the gateway at {self._base_url} after {retries} tries "
                 f"(last error: {last_error}). Is the gateway running on that host and port?"
             ) from last_error
 
+    async def _abandon_connect(self) -> None:
+        """After a failed `connect()`: shut down kernels it left behind, then close the HTTP client."""
+        await asyncio.gather(*self._closing, return_exceptions=True)
+        if self._http is not None and self._http is not self._shared_http:
+            await self._http.aclose()
+        self._http = None
+
     def _start_spare(self) -> None:
         """Start booting the kernel the next `reset()` will switch to."""
         if self.spare_kernel and self._spare is None and self._http is not None:
-            self._spare = asyncio.create_task(self._open_kernel())
+            self._spare = asyncio.create_task(self._open_spare())
             # A spare that fails is replaced on reset(); its error must not go unretrieved.
             self._spare.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def _open_spare(self) -> KernelChannels:
+        # The kernel's start is made here, in the task: a task cancelled before it ran leaves no
+        # coroutine behind that never ran.
+        return await self._bounded(self._open_kernel())
 
     async def disconnect(self, *, shutdown_kernels: bool = True) -> None:
         """Shut down the kernel (and the spare) and close the connection.
@@ -237,10 +274,18 @@ class KernelClient:
                 new = await spare
             except Exception:  # broad: a spare kernel that failed to start is replaced by a new one below
                 new = None
-        if new is None or new.dead:
-            if new is not None:
-                self._close_in_background(new)
-            new = await self._open_kernel()
+        if new is not None and new.dead:
+            self._close_in_background(new)
+            new = None
+        if new is not None and self._setup is not None:
+            try:
+                new = await self._ready_kernel(new)
+            except KernelStartTimeoutError:
+                raise
+            except KernelConnectionError:
+                new = None  # a spare whose setup failed (it was shut down): a new kernel below
+        if new is None:
+            new = await self._ready_kernel(None)
         self._kernel = new
         self._start_spare()
         self._close_in_background(old)
@@ -451,16 +496,91 @@ class KernelClient:
                         return True
         return False
 
+    async def _ready_kernel(self, kernel: KernelChannels | None) -> KernelChannels:
+        """`kernel` (else a new one) set up to serve executions, within the start timeout; a kernel
+        that fails its setup is shut down."""
+        if kernel is None:
+            kernel = await self._bounded(self._open_kernel())
+        if self._setup is not None:
+            try:
+                await self._bounded(self._run_setup(kernel, self._setup()))
+            except BaseException:
+                # Broad: cleanup on the way out of a failure that is re-raised.
+                self._close_in_background(kernel)
+                raise
+        return kernel
+
+    async def _bounded(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """`work` (a kernel's start or setup) within `start_timeout`."""
+        if self._start_timeout is None:
+            return await work
+        scope = asyncio.timeout(self._start_timeout)
+        try:
+            async with scope:
+                return await work
+        except TimeoutError:
+            if not scope.expired():
+                raise  # a limit of its own inside (the WebSocket handshake's), not this one
+            raise KernelStartTimeoutError(
+                f"No kernel was ready within kernel_start_timeout={self._start_timeout:g} s on the gateway at "
+                f"{self._base_url}. A cluster may take longer to start one (scheduling, image pulls): "
+                "raise kernel_start_timeout, or check the gateway's kernels and logs."
+            ) from None
+
+    async def _run_setup(self, kernel: KernelChannels, cells: list[str]) -> None:
+        """Run `cells` in `kernel` before it serves executions; `KernelConnectionError` if one fails."""
+        for code in cells:
+            await self._run_setup_cell(kernel, code)
+
+    async def _run_setup_cell(self, kernel: KernelChannels, code: str) -> None:
+        msg_id = uuid.uuid4().hex
+        queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+        kernel.queues[msg_id] = queue
+        outcome = Outcome(KeptText(self.max_output_chars), self.images_dir)
+        try:
+            await kernel.ws.send(execute_request(kernel.session, msg_id, code))
+            while not (outcome.idle and outcome.replied):
+                msg = await queue.get()
+                if msg is None:
+                    raise KernelConnectionError(
+                        f"The kernel {kernel.id} died while ipybox set it up, on the gateway at {self._base_url}."
+                    )
+                outcome.read(msg, kernel.busy)
+            outcome.result()
+        except websockets.ConnectionClosed as exc:
+            raise KernelConnectionError(
+                f"The connection to kernel {kernel.id} closed while ipybox set it up, on the gateway at {self._base_url}."
+            ) from exc
+        except ExecutionError as exc:
+            raise KernelConnectionError(
+                f"The kernel {kernel.id} on the gateway at {self._base_url} failed ipybox's setup: "
+                f"{exc.ename}: {exc.evalue}. Its Python needs ipybox installed (see deploy/kernel-image)."
+            ) from exc
+        finally:
+            kernel.queues.pop(msg_id, None)
+            kernel.busy.clear()
+
     async def _open_kernel(self) -> KernelChannels:
         assert self._http is not None
         if self._kernel_source is not None:
             kernel = await self._kernel_source()
         else:
-            kernel = await open_kernel(self._http, self.host, self.port, self._headers, self.ping_interval)
+            kernel = await open_kernel(
+                self._http,
+                self._base_url,
+                self._headers,
+                self.ping_interval,
+                kernel_name=self._kernel_name,
+                # With a start timeout, that bounds the handshake too.
+                open_timeout=None if self._start_timeout is not None else _OPEN_TIMEOUT,
+                remote=self._url is not None,
+            )
         if self.stdin_handler is not None:
             # Set before anything is awaited: the kernel sends nothing on stdin before an
             # execute_request allows it.
             kernel.on_input = self._on_input
+        if self._url is not None:
+            self._watchers[kernel.id] = asyncio.create_task(self._watch(kernel))
         return kernel
 
     def _on_input(self, kernel: KernelChannels, msg: dict[str, Any]) -> None:
@@ -484,11 +604,35 @@ class KernelClient:
         with contextlib.suppress(websockets.ConnectionClosed):
             await kernel.ws.send(input_reply(kernel.session, msg["header"], value))
 
+    async def _watch(self, kernel: KernelChannels) -> None:
+        """While executions wait for a kernel elsewhere, check now and then that it still exists.
+
+        A kernel shut down through the gateway's API (culled, evicted, deleted by someone else)
+        sends nothing and its WebSocket may stay open: the execution would wait for its whole
+        timeout. The gateway tells of no such end, so it is asked; a kernel it no longer knows is
+        dead, and the execution ends with `KernelDiedError`. An unreachable gateway is left to the
+        WebSocket's pings.
+        """
+        while not kernel.dead:
+            await asyncio.sleep(_LIVENESS_INTERVAL)
+            if kernel.pending == 0 or self._http is None:
+                continue
+            try:
+                response = await self._http.get(f"/api/kernels/{kernel.id}")
+            except httpx2.HTTPError:
+                continue
+            if response.status_code == 404:
+                logger.warning("Kernel %s is gone from the gateway at %s.", kernel.id, self._base_url)
+                kernel.died()
+                return
+
     async def _close_kernel(self, kernel: KernelChannels, shutdown: bool = True) -> None:
         if kernel.receiver is not None:
             kernel.receiver.cancel()
         if kernel.answering is not None:
             kernel.answering.cancel()
+        if (watcher := self._watchers.pop(kernel.id, None)) is not None:
+            watcher.cancel()
         # Broad: a connection that is already broken closes with errors of its own.
         with contextlib.suppress(Exception):
             await kernel.ws.close()
@@ -503,55 +647,66 @@ class KernelClient:
 
 async def open_kernel(
     http: httpx2.AsyncClient,
-    host: str,
-    port: int,
+    base_url: str,
     headers: dict[str, str],
     ping_interval: float,
     env: dict[str, str] | None = None,
+    *,
+    kernel_name: str | None = None,
+    open_timeout: float | None = _OPEN_TIMEOUT,
+    remote: bool = False,
 ) -> KernelChannels:
-    """Create a kernel on the gateway (with `env` for the variables the gateway lets a request
-    set) and open its channels; returns once the kernel answers.
+    """Create a kernel on the gateway at `base_url` (with `env` for the variables the gateway lets
+    a request set, from `kernel_name`'s spec) and open its channels; returns once the kernel answers.
+    `remote`: the gateway is elsewhere (see `RemoteChannels`).
 
     Raises:
         KernelConnectionError: If the gateway refused or did not answer.
     """
-    base_url = f"http://{host}:{port}"
     # Sending "env" makes the gateway give the kernel only PATH plus the variables
     # the KernelGateway whitelisted, never the gateway's whole environment.
+    body: dict[str, Any] = {"env": env or {}}
+    if kernel_name is not None:
+        body["name"] = kernel_name
     try:
-        response = await http.post("/api/kernels", json={"env": env or {}})
+        response = await http.post("/api/kernels", json=body)
     except httpx2.HTTPError as exc:
         raise KernelConnectionError(
             f"No kernel could be created: the gateway at {base_url} did not answer ({exc!r})."
         ) from exc
+    if response.status_code in (401, 403):
+        raise KernelConnectionError(
+            f"The gateway at {base_url} refused the credentials (HTTP {response.status_code}); "
+            "check its token (kernel_gateway_token)."
+        )
     if response.status_code != 201:
         raise KernelConnectionError(
             f"The gateway refused to create a kernel (HTTP {response.status_code}): {response.text}"
         )
     kernel_id = response.json()["id"]
     session = uuid.uuid4().hex
+    ws_base = "ws" + base_url.removeprefix("http")  # http -> ws, https -> wss
     try:
         ws = await websockets.connect(
-            f"ws://{host}:{port}/api/kernels/{kernel_id}/channels?session_id={session}",
+            f"{ws_base}/api/kernels/{kernel_id}/channels?session_id={session}",
             max_size=MAX_MESSAGE_SIZE,
             ping_interval=ping_interval,
             compression=None,
-            open_timeout=_OPEN_TIMEOUT,
+            open_timeout=open_timeout,
             additional_headers=headers,
             subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]  # a plain str is a valid subprotocol
         )
-        if ws.subprotocol != WS_PROTOCOL:
-            await ws.close()
-            raise KernelConnectionError(
-                f"The gateway at {base_url} does not speak the {WS_PROTOCOL} WebSocket "
-                "protocol; use jupyter-kernel-gateway 3 or later."
-            )
     except BaseException:
         # Broad: cleanup on the way out of a failure that is re-raised.
         with contextlib.suppress(Exception):
             await http.delete(f"/api/kernels/{kernel_id}")
         raise
-    kernel = KernelChannels(id=kernel_id, ws=ws, session=session)
+    # A gateway on Jupyter Server 1 (Enterprise Gateway 3.3) speaks only plain JSON.
+    json_protocol = ws.subprotocol != WS_PROTOCOL
+    channels: ClientConnection | RemoteChannels = ws
+    if remote or json_protocol:
+        channels = RemoteChannels(ws, json_protocol=json_protocol)
+    kernel = KernelChannels(id=kernel_id, ws=channels, session=session)
     kernel.receiver = asyncio.create_task(kernel.receive())
     return kernel
 

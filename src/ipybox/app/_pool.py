@@ -579,7 +579,9 @@ class KernelPool:
             env = {"TMPDIR": str(folder / "tmp"), "IPYTHONDIR": str(folder / "ipython")}
         try:
             env.update(self._prepare(place))
-            channels = await open_kernel(self._http, gateway.host, gateway.port, self._headers, 10, env)
+            channels = await open_kernel(
+                self._http, f"http://{gateway.host}:{gateway.port}", self._headers, 10, env
+            )
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
+from urllib.parse import urlsplit
 
 from ipybox._wire import KernelEnv
 from ipybox.app._gateway import gateway_log_level
@@ -57,11 +58,24 @@ class ExecutorSettings:
     spare_kernel: bool = True
     max_result_size: int = DEFAULT_MAX_RESULT_SIZE
     sandbox_hidden: tuple[Path, ...] = ()
-    tool_channel: Literal["http", "stdin"] = "http"
+    tool_channel: Literal["http", "stdin"] | None = None
+    kernel_gateway_url: str | None = None
+    # Never in a repr: with it, anyone could open kernels on the gateway.
+    kernel_gateway_token: str | None = field(default=None, repr=False)
+    kernel_name: str | None = None
+    kernel_start_timeout: float = 120
 
     def __post_init__(self) -> None:
-        if self.tool_channel not in ("http", "stdin"):
-            raise ValueError(f"tool_channel must be 'http' or 'stdin', not {self.tool_channel!r}.")
+        if self.kernel_gateway_url is not None:
+            self._check_remote()
+        elif self.kernel_gateway_token is not None or self.kernel_name is not None:
+            given = "kernel_gateway_token" if self.kernel_gateway_token is not None else "kernel_name"
+            raise ValueError(
+                f"{given} was given without kernel_gateway_url; it applies only to kernels on an existing "
+                "gateway. Pass kernel_gateway_url as well, or drop it."
+            )
+        _check_positive("kernel_start_timeout", self.kernel_start_timeout, "seconds")
+        self._choose_tool_channel()
         if self.sandbox_config is not None and not self.sandbox:
             raise ValueError(
                 f"sandbox_config={str(self.sandbox_config)!r} was given without sandbox=True; the kernel "
@@ -90,9 +104,83 @@ class ExecutorSettings:
             )
         # Frozen: the normalised values are set once, here.
         object.__setattr__(self, "kernel_env", MappingProxyType(_checked_env(self.kernel_env)))
-        if self.working_dir is not None:
+        if self.working_dir is not None and not self.remote:
             object.__setattr__(self, "working_dir", Path(self.working_dir).resolve())
         object.__setattr__(self, "sandbox_hidden", tuple(Path(folder) for folder in self.sandbox_hidden))
+
+    def _choose_tool_channel(self) -> None:
+        """A remote kernel reaches nothing but its gateway: its tool calls come over its stdin channel."""
+        if self.tool_channel is None:
+            # Frozen: set once here, as the dataclass's own __init__ would.
+            object.__setattr__(self, "tool_channel", "stdin" if self.remote else "http")
+        elif self.tool_channel not in ("http", "stdin"):
+            raise ValueError(f"tool_channel must be 'http' or 'stdin', not {self.tool_channel!r}.")
+        elif self.remote and self.tool_channel == "http":
+            raise ValueError(
+                "tool_channel='http' was given with kernel_gateway_url; a kernel on a remote gateway cannot "
+                "reach this process's tool server, its calls come over the gateway's WebSocket. Drop "
+                "tool_channel."
+            )
+
+    @property
+    def remote(self) -> bool:
+        """Whether kernels run on an existing gateway (`kernel_gateway_url`) rather than on one the
+        executor starts: then tool calls and files travel over the kernel's own channels."""
+        return self.kernel_gateway_url is not None
+
+    def _check_remote(self) -> None:
+        """Refuse what a kernel on an existing gateway cannot have, saying why."""
+        url = self.kernel_gateway_url
+        parts = urlsplit(url) if isinstance(url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                f"kernel_gateway_url must be the http:// or https:// address of a Jupyter gateway, "
+                f"e.g. 'http://gateway.example.com:8888', not {url!r}."
+            )
+        if self.kernel_gateway_token is not None and (
+            not isinstance(self.kernel_gateway_token, str) or not self.kernel_gateway_token
+        ):
+            raise ValueError(
+                "kernel_gateway_token must be a non-empty string, or None for a gateway without one."
+            )
+        if self.kernel_name is not None and (not isinstance(self.kernel_name, str) or not self.kernel_name):
+            raise ValueError(
+                f"kernel_name must be the name of a kernel spec of the gateway (GET /api/kernelspecs lists "
+                f"them), or None for its default, not {self.kernel_name!r}."
+            )
+        if self.working_dir is not None and not Path(self.working_dir).is_absolute():
+            raise ValueError(
+                f"working_dir={str(self.working_dir)!r} is relative; with kernel_gateway_url it is a folder on "
+                "the kernel's host: give its absolute path there."
+            )
+        cluster = "the gateway's cluster runs and isolates the kernels (use its own policies)"
+        refused = {
+            "sandbox": (self.sandbox, f"the kernel does not run on this machine; {cluster}"),
+            "sandbox_config": (
+                self.sandbox_config is not None,
+                f"there is no local sandbox to configure; {cluster}",
+            ),
+            "sandbox_hidden": (bool(self.sandbox_hidden), f"there is no local sandbox; {cluster}"),
+            "memory_limit": (
+                self.memory_limit is not None,
+                "the gateway starts the kernel; set limits where it runs (e.g. the kernel pod's resources)",
+            ),
+            "max_processes": (
+                self.max_processes is not None,
+                "the gateway starts the kernel; set limits where it runs (e.g. the kernel pod's pids limit)",
+            ),
+            "kernel_gateway_host": (
+                self.kernel_gateway_host != "localhost",
+                "no local gateway is started; kernel_gateway_url says where the gateway is",
+            ),
+            "kernel_gateway_port": (
+                self.kernel_gateway_port is not None,
+                "no local gateway is started; kernel_gateway_url says where the gateway is",
+            ),
+        }
+        for name, (given, why) in refused.items():
+            if given:
+                raise ValueError(f"{name} cannot be used with kernel_gateway_url: {why}. Drop {name}.")
 
     @property
     def exec_wall(self) -> bool:

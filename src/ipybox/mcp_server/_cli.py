@@ -15,6 +15,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from ipybox._wire import UserEnv
 from ipybox.app._policy import Policy, load_policy
 from ipybox.errors import IpyboxError, PolicyError
 from ipybox.mcp_server._server import Settings, SingleSession, build_server
@@ -180,6 +181,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "annotations or program; outside the workspace (the kernel can write there)",
     )
     parser.add_argument(
+        "--kernel-gateway-url",
+        metavar="URL",
+        help="run each session's kernel on this existing Jupyter gateway (Kernel Gateway, or Enterprise "
+        f"Gateway on a cluster) instead of a local one; its token from ${UserEnv.KERNEL_GATEWAY_TOKEN}",
+    )
+    parser.add_argument(
+        "--kernel-name",
+        metavar="NAME",
+        help="with --kernel-gateway-url: the gateway's kernel spec to start (default: the gateway's default)",
+    )
+    parser.add_argument(
         "--no-audit",
         dest="audit",
         action="store_false",
@@ -197,6 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"--sandbox-config {args.sandbox_config}: no such file; give the path of a settings file."
             )
         args.sandbox_config = args.sandbox_config.resolve()
+    _check_gateway_args(parser, args)
     workspace: Path = args.workspace.expanduser()
     if workspace.exists() and not workspace.is_dir():
         parser.error(f"--workspace {workspace}: this is a file, not a folder.")
@@ -240,6 +253,30 @@ def _seconds_or_none(text: str) -> float | None:
 def _check_pool(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.pool is not None and args.pool < 0:
         parser.error(f"--pool {args.pool}: give a number of kernels to keep ready, 0 or more.")
+
+
+def _check_gateway_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse what does not go with ``--kernel-gateway-url`` (or needs it)."""
+    if args.kernel_gateway_url is None:
+        if args.kernel_name is not None:
+            parser.error("--kernel-name applies only with --kernel-gateway-url.")
+        return
+    if args.sandbox:
+        parser.error(
+            "--sandbox and --sandbox-config cannot be used with --kernel-gateway-url: the kernel runs on the "
+            "gateway's cluster, which isolates it (use its own policies)."
+        )
+    if args.pool is not None:
+        parser.error(
+            "--pool cannot be used with --kernel-gateway-url: a pool keeps kernels on a local gateway; "
+            "keep kernels warm on the cluster's side instead (see deploy/)."
+        )
+    from ipybox.app._settings import ExecutorSettings
+
+    try:
+        ExecutorSettings(kernel_gateway_url=args.kernel_gateway_url)
+    except ValueError as exc:
+        parser.error(f"--kernel-gateway-url: {exc}")
 
 
 def _read_policy(parser: argparse.ArgumentParser, path: Path, workspace: Path) -> Policy:
@@ -292,6 +329,9 @@ def main(argv: list[str] | None = None) -> None:
         tracing=args.otel,
         policy=args.policy,
         audit=args.audit,
+        kernel_gateway_url=args.kernel_gateway_url,
+        kernel_gateway_token=os.environ.get(UserEnv.KERNEL_GATEWAY_TOKEN) or None,
+        kernel_name=args.kernel_name,
     )
     provider = _start_tracing() if args.otel else None
     try:

@@ -65,6 +65,11 @@ class Settings:
         policy: Policy rules for the tool calls and shell commands of every session.
         audit: Record every tool call in the audit trail (``ipybox audit``).
         pool: The kernel pool every session's executor takes its kernels from (``--pool``), if any.
+        kernel_gateway_url: Run each session's kernel on this existing gateway; the kernel then works
+            in its own folder there, gets only the ``KERNEL_ENV_*`` variables, and generated
+            ``mcptools/`` are uploaded to it.
+        kernel_gateway_token: That gateway's token.
+        kernel_name: That gateway's kernel spec.
     """
 
     workspace: Path
@@ -80,6 +85,9 @@ class Settings:
     policy: Policy | None = None
     audit: bool = False
     pool: KernelPool | None = None
+    kernel_gateway_url: str | None = None
+    kernel_gateway_token: str | None = field(default=None, repr=False)
+    kernel_name: str | None = None
 
     def kernel_env(self, folder: Path | None = None) -> dict[str, str]:
         """The environment of a kernel working in `folder` (default: the workspace): ``HOME``,
@@ -116,6 +124,8 @@ class Settings:
     def executor(self, folder: Path | None = None) -> CodeExecutor:
         """A new, unstarted executor for one MCP session, working in `folder` (default: the workspace)."""
         folder = folder or self.workspace
+        if self.kernel_gateway_url is not None:
+            return self._remote_executor(folder)
         return CodeExecutor(
             spare_kernel=self.spare_kernel,
             kernel_env=self.kernel_env(folder),
@@ -149,6 +159,28 @@ class Settings:
             sandbox_hidden=(self.workspace / SESSIONS_DIR,) if folders else (),
             new_folder=(lambda: new_session_folder(self.workspace)) if folders else None,
             folder_env=self.kernel_env if folders else None,
+        )
+
+    def _remote_executor(self, folder: Path) -> CodeExecutor:
+        """An executor whose kernel runs on the gateway: this machine's home and packages folder
+        mean nothing there, nor does a local working folder (images and mcptools stay in `folder`)."""
+        env = self.kernel_env(folder)
+        env.pop("HOME", None)
+        env.pop("PYTHONPATH", None)
+        return CodeExecutor(
+            spare_kernel=self.spare_kernel,
+            kernel_env=env,
+            images_dir=folder / "images",
+            log_level=self.log_level,
+            approve_tool_calls=self.approve_tool_calls,
+            approve_shell_cmds=self.approve_tool_calls,
+            approval_timeout=self.approval_timeout,
+            tracing=self.tracing,
+            policy=self.policy,
+            audit=self.audit,
+            kernel_gateway_url=self.kernel_gateway_url,
+            kernel_gateway_token=self.kernel_gateway_token,
+            kernel_name=self.kernel_name,
         )
 
     def installer(self, folder: Path | None = None) -> Installer:

@@ -227,6 +227,9 @@ class ToolSession(_CellAnswers):
             )
         except (ServerParamsError, MCPServerError, ApiGenerationError) as exc:
             return _error(str(exc))
+        if self.executor.settings.remote:
+            # A kernel on a gateway shares no disk with this server: it gets the package as a cell.
+            await self.executor.upload(self.workspace / MCPTOOLS_DIR, MCPTOOLS_DIR)
         # A kernel that imported an earlier version of this package must see the new one.
         await self._run_quietly(
             "def _ipybox_refresh(prefix):\n"

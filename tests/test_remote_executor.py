@@ -1,0 +1,407 @@
+"""`CodeExecutor(kernel_gateway_url=...)`: the executor's kernel on an existing gateway.
+
+Each gateway runs on a "remote host" (tests/remote_support.py): a network namespace of its own
+with a private ``/tmp``, reached through one forwarded port, with no route back and no shared
+folder the tests write. The same cases run against a plain Jupyter Kernel Gateway (ipykernel 7,
+binary WebSocket protocol) and, when ``bash scripts/test-remote.sh`` provides it, Enterprise
+Gateway 3.3 (Jupyter Server 1: plain JSON protocol; ipykernel 6).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from ipybox import (
+    CodeExecutionChunk,
+    CodeExecutionError,
+    CodeExecutionResult,
+    CodeExecutor,
+    generate_mcp_sources,
+)
+from ipybox._wire import UserEnv
+from ipybox.app._settings import ExecutorSettings
+from ipybox.errors import KernelConnectionError, KernelStartTimeoutError
+from ipybox.mcp_server._cli import parse_args
+from tests.conftest import DEMO_SERVER
+from tests.mcp_server.support import connected, run, server_env, stdio_params, text_of
+from tests.remote_support import (
+    EXECUTOR_GATEWAY_KINDS,
+    INNER_PORT,
+    NEVER_STARTS,
+    RemoteGateway,
+    remote_gateway,
+    remote_gateway_unavailable,
+)
+
+# A folder of the kernel's host: inside the namespace's private /tmp, absent on this machine.
+REMOTE_DIR = "/tmp/ipybox-remote-work"
+# A 1x1 PNG, shown without matplotlib (Enterprise Gateway's environment has none).
+PNG_CELL = """
+import base64
+from IPython.display import Image, display
+display(Image(data=base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)))
+"""
+
+
+def _started(kind: str) -> Generator[RemoteGateway, None, None]:
+    reason = remote_gateway_unavailable(kind)
+    if reason is not None:
+        pytest.skip(reason)
+    with remote_gateway(kind) as running:
+        yield running
+
+
+@pytest.fixture(scope="module", params=EXECUTOR_GATEWAY_KINDS)
+def gateway(request: pytest.FixtureRequest) -> Iterator[RemoteGateway]:
+    """A running remote gateway of each kind, shared by the module's tests."""
+    yield from _started(request.param)
+
+
+def remote(gateway: RemoteGateway, **kwargs: Any) -> CodeExecutor:
+    options: dict[str, Any] = {
+        "kernel_gateway_url": gateway.url,
+        "kernel_gateway_token": gateway.token,
+        "kernel_name": gateway.kernel_name,
+        "working_dir": REMOTE_DIR,
+        "kernel_start_timeout": 60,
+    }
+    return CodeExecutor(**{**options, **kwargs})
+
+
+@pytest.fixture
+async def executor(gateway: RemoteGateway, tmp_path: Path) -> AsyncIterator[CodeExecutor]:
+    async with remote(gateway, images_dir=tmp_path / "images") as running:
+        yield running
+
+
+async def kernels_on(gateway: RemoteGateway) -> list[dict[str, Any]]:
+    async with httpx2.AsyncClient(headers={"Authorization": f"token {gateway.token}"}) as client:
+        response = await client.get(f"{gateway.url}/api/kernels")
+        response.raise_for_status()
+        kernels: list[dict[str, Any]] = response.json()
+        return kernels
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("sandbox", True),
+        ("memory_limit", "1G"),
+        ("max_processes", 64),
+        ("kernel_gateway_host", "0.0.0.0"),
+        ("kernel_gateway_port", 8888),
+        ("sandbox_hidden", (Path("/srv"),)),
+    ],
+)
+def test_options_that_need_a_local_kernel_are_refused_with_the_reason(option: str, value: Any) -> None:
+    with pytest.raises(
+        ValueError, match=rf"^{option} cannot be used with kernel_gateway_url: .*\. Drop {option}\."
+    ):
+        CodeExecutor(kernel_gateway_url="http://gateway:8888", **{option: value})
+
+
+def test_sandbox_config_is_refused_remotely_as_well() -> None:
+    with pytest.raises(ValueError, match="sandbox_config cannot be used with kernel_gateway_url"):
+        ExecutorSettings(kernel_gateway_url="http://gateway:8888", sandbox_config=Path("srt.json"))
+    with pytest.raises(
+        ValueError, match="sandbox cannot be used with kernel_gateway_url: the kernel does not run"
+    ):
+        ExecutorSettings(kernel_gateway_url="http://gateway:8888", sandbox=True)
+
+
+@pytest.mark.parametrize("url", ["gateway:8888", "ftp://gateway", "http://", ""])
+def test_a_gateway_url_that_is_no_http_address_is_refused(url: str) -> None:
+    with pytest.raises(ValueError, match="kernel_gateway_url must be the http:// or https:// address"):
+        CodeExecutor(kernel_gateway_url=url)
+
+
+def test_token_and_kernel_name_need_a_gateway_url_and_a_remote_working_dir_is_absolute() -> None:
+    with pytest.raises(ValueError, match="kernel_gateway_token was given without kernel_gateway_url"):
+        CodeExecutor(kernel_gateway_token="secret")
+    with pytest.raises(ValueError, match="kernel_name was given without kernel_gateway_url"):
+        CodeExecutor(kernel_name="python3")
+    with pytest.raises(ValueError, match="working_dir='work' is relative; with kernel_gateway_url"):
+        CodeExecutor(kernel_gateway_url="http://gateway:8888", working_dir="work")
+    with pytest.raises(ValueError, match="kernel_start_timeout must be a positive number of seconds"):
+        CodeExecutor(kernel_gateway_url="http://gateway:8888", kernel_start_timeout=0)
+
+
+def test_the_token_is_kept_out_of_the_settings_repr() -> None:
+    settings = ExecutorSettings(kernel_gateway_url="http://gateway:8888", kernel_gateway_token="s3cret-token")
+    assert settings.remote
+    assert "s3cret-token" not in repr(settings)
+    assert not ExecutorSettings().remote
+
+
+@pytest.mark.slow
+async def test_code_runs_in_the_working_dir_on_the_kernels_host(executor: CodeExecutor) -> None:
+    result = await executor.execute("import os\nx = 21\nprint(os.getcwd())")
+    assert result.text == REMOTE_DIR
+    assert not await asyncio.to_thread(Path(REMOTE_DIR).exists)  # the kernel's host, not this machine
+    assert (await executor.execute("print(x * 2)")).text == "42"
+
+
+@pytest.mark.slow
+async def test_a_cell_that_leaves_the_working_dir_is_put_back_as_locally(executor: CodeExecutor) -> None:
+    result = await executor.execute("import os\nos.chdir('/')")
+    assert result.text is not None and f"it is back in {REMOTE_DIR}" in result.text
+    assert (await executor.execute("print(os.getcwd())")).text == REMOTE_DIR
+
+
+@pytest.mark.slow
+async def test_stream_yields_output_as_it_comes_and_then_the_result(executor: CodeExecutor) -> None:
+    items = [item async for item in executor.stream("for i in range(3): print(i, flush=True)", chunks=True)]
+    assert isinstance(items[-1], CodeExecutionResult) and items[-1].text == "0\n1\n2"
+    assert "".join(item.text for item in items if isinstance(item, CodeExecutionChunk)) == "0\n1\n2\n"
+
+
+@pytest.mark.slow
+async def test_errors_come_back_with_their_name_and_no_colour(executor: CodeExecutor) -> None:
+    with pytest.raises(CodeExecutionError) as raised:
+        await executor.execute("1 / 0")
+    assert raised.value.ename == "ZeroDivisionError"
+    assert "\x1b[" not in str(raised.value)
+
+
+@pytest.mark.slow
+async def test_cancel_interrupts_the_running_code_and_the_kernel_keeps_its_state(
+    executor: CodeExecutor,
+) -> None:
+    await executor.execute("kept = 'yes'")
+    code = "import time\nprint('started', flush=True)\ntime.sleep(600)"
+    with pytest.raises(CodeExecutionError) as raised:
+        async for item in executor.stream(code, chunks=True):
+            if isinstance(item, CodeExecutionChunk) and "started" in item.text:
+                await executor.cancel()
+    assert raised.value.ename == "KeyboardInterrupt"
+    assert (await executor.execute("print(kept)")).text == "yes"
+
+
+@pytest.mark.slow
+async def test_a_timeout_interrupts_the_code_and_the_kernel_keeps_its_state(executor: CodeExecutor) -> None:
+    await executor.execute("kept = 'yes'")
+    with pytest.raises(TimeoutError, match="kernel kept its state"):
+        await executor.execute("import time\ntime.sleep(600)", timeout=2)
+    assert (await executor.execute("print(kept)")).text == "yes"
+
+
+@pytest.mark.slow
+async def test_reset_gives_a_fresh_kernel_set_up_as_the_first(executor: CodeExecutor) -> None:
+    await executor.execute("import os\nos.environ['LEFT_BEHIND'] = '1'\ngone = 1")
+    await executor.reset()
+    with pytest.raises(CodeExecutionError, match="NameError"):
+        await executor.execute("gone")
+    result = await executor.execute(
+        "import os, sys\nprint(os.getcwd(), 'ipybox.kernel._ext' in sys.modules, os.environ.get('LEFT_BEHIND'))"
+    )
+    assert result.text == f"{REMOTE_DIR} True None"
+
+
+@pytest.mark.slow
+async def test_plots_come_back_as_local_png_files(executor: CodeExecutor, tmp_path: Path) -> None:
+    result = await executor.execute(PNG_CELL)
+    assert len(result.images) == 1
+    assert result.images[0].parent == tmp_path / "images"
+    assert result.images[0].read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+
+
+@pytest.mark.slow
+async def test_the_gateway_token_and_the_tool_servers_token_never_reach_the_kernel(
+    gateway: RemoteGateway, executor: CodeExecutor
+) -> None:
+    assert executor._tool_server is not None
+    secrets = {gateway.token, str(executor._tool_server.token)}
+    # What the kernel can see of itself: its environment, the cells it ran (the setup cell among
+    # them), its command line and its process's environment at start.
+    seen = await executor.execute(
+        "import os\n"
+        "print(repr(dict(os.environ)))\n"
+        "print(repr(get_ipython().user_ns.get('In')))\n"
+        "print(open('/proc/self/cmdline', 'rb').read())\n"
+        "print(open('/proc/self/environ', 'rb').read())"
+    )
+    assert seen.text is not None and "TOOL_SERVER_HOST" in seen.text
+    for secret in secrets:
+        assert secret not in seen.text
+
+
+@pytest.mark.slow
+async def test_code_in_the_kernel_cannot_use_the_gateways_api_with_anything_it_can_find(
+    executor: CodeExecutor,
+) -> None:
+    # The gateway listens beside the kernel (the namespace's loopback); hostile code tries every
+    # value of its environment and every word of the cells it ran as the gateway's token.
+    attack = f"""
+import os, re, urllib.error, urllib.request
+candidates = {{""}} | set(os.environ.values()) | set(re.findall(r"[A-Za-z0-9_-]{{16,}}", " ".join(In)))
+statuses = set()
+for token in candidates:
+    request = urllib.request.Request(
+        "http://127.0.0.1:{INNER_PORT}/api/kernels", headers={{"Authorization": f"token {{token}}"}}
+    )
+    try:
+        statuses.add(urllib.request.urlopen(request, timeout=10).status)
+    except urllib.error.HTTPError as error:
+        statuses.add(error.code)
+print(len(candidates) > 1, sorted(statuses))
+"""
+    result = await executor.execute(attack)
+    assert result.text is not None
+    tried, statuses = result.text.split(" ", 1)
+    assert tried == "True"
+    assert {int(status) for status in statuses.strip("[]").split(", ")} <= {401, 403}, statuses
+
+
+@pytest.mark.slow
+async def test_generated_mcptools_reach_the_kernel_without_a_shared_disk_and_stay_after_reset(
+    executor: CodeExecutor, tmp_path: Path
+) -> None:
+    local = tmp_path / "build" / "mcptools"
+    await generate_mcp_sources("demo", {"command": sys.executable, "args": [str(DEMO_SERVER)]}, local)
+    assert await executor.upload(local) == "mcptools"
+    check = "import mcptools.demo, os\nprint(os.path.dirname(mcptools.demo.__file__))"
+    assert (await executor.execute(check)).text == f"{REMOTE_DIR}/mcptools/demo"
+    await executor.reset()
+    assert (await executor.execute(check)).text == f"{REMOTE_DIR}/mcptools/demo"
+
+
+@pytest.mark.slow
+async def test_an_upload_replaces_the_earlier_one_at_the_same_place(
+    executor: CodeExecutor, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "old.txt").write_text("old")
+    await executor.upload(data, "inputs")
+    (data / "old.txt").unlink()
+    (data / "new.txt").write_text("new")
+    await executor.upload(data, "inputs")
+    assert (await executor.execute("import os\nprint(sorted(os.listdir('inputs')))")).text == "['new.txt']"
+    with pytest.raises(ValueError, match="inside the kernel's working directory"):
+        await executor.upload(data, "../elsewhere")
+    with pytest.raises(ValueError, match="does not exist"):
+        await executor.upload(tmp_path / "missing")
+
+
+@pytest.mark.slow
+async def test_a_killed_kernel_fails_its_execution_and_the_next_one_gets_a_fresh_kernel(
+    executor: CodeExecutor,
+) -> None:
+    await executor.execute("gone = 1")
+    with pytest.raises(CodeExecutionError, match="a fresh kernel has replaced it"):
+        await executor.execute("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    with pytest.raises(CodeExecutionError, match="NameError"):
+        await executor.execute("gone")
+    assert (await executor.execute("import os\nprint(os.getcwd())")).text == REMOTE_DIR
+
+
+@pytest.mark.slow
+async def test_a_kernel_the_cluster_removes_between_cells_is_replaced_on_the_next_execution(
+    gateway: RemoteGateway, executor: CodeExecutor
+) -> None:
+    await executor.execute("gone = 1")
+    assert executor._kernels is not None
+    kernel_id = executor._kernels.client.kernel_id
+    # Shut down through the gateway's API, as culling or an eviction does, not by the executor.
+    async with httpx2.AsyncClient(headers={"Authorization": f"token {gateway.token}"}) as client:
+        assert (await client.delete(f"{gateway.url}/api/kernels/{kernel_id}")).status_code == 204
+    with pytest.raises(CodeExecutionError, match="a fresh kernel has replaced it"):
+        await executor.execute("gone")
+    with pytest.raises(CodeExecutionError, match="NameError"):
+        await executor.execute("gone")
+    assert executor._kernels.client.kernel_id != kernel_id
+    assert (await executor.execute("import os\nprint(os.getcwd())")).text == REMOTE_DIR
+
+
+@pytest.mark.slow
+async def test_a_kernel_that_never_starts_ends_in_a_bounded_wait_and_leaves_no_kernel(
+    gateway: RemoteGateway,
+) -> None:
+    before = {kernel["id"] for kernel in await kernels_on(gateway)}
+    with pytest.raises(KernelStartTimeoutError, match=r"kernel_start_timeout=2 s"):
+        await remote(gateway, kernel_name=NEVER_STARTS, kernel_start_timeout=2).start()
+    assert {kernel["id"] for kernel in await kernels_on(gateway)} <= before
+
+
+@pytest.mark.slow
+async def test_an_unknown_kernel_name_or_a_wrong_token_is_a_clear_error(gateway: RemoteGateway) -> None:
+    with pytest.raises(KernelConnectionError, match="refused to create a kernel"):
+        await remote(gateway, kernel_name="no-such-kernel").start()
+    with pytest.raises(KernelConnectionError, match="check its token"):
+        await remote(gateway, kernel_gateway_token="wrong").start()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", EXECUTOR_GATEWAY_KINDS)
+async def test_a_gateway_that_goes_away_fails_the_execution_with_a_clear_error_and_stop_works(
+    kind: str,
+) -> None:
+    gateways = _started(kind)
+    gateway = next(gateways)
+    executor = remote(gateway, spare_kernel=False)
+    await executor.start()
+    try:
+        await executor.execute("x = 1")
+        running = asyncio.create_task(
+            executor.execute("print('started', flush=True)\nimport time\ntime.sleep(600)")
+        )
+        gateways.close()  # the gateway and its kernels are gone
+        with pytest.raises(CodeExecutionError, match="no fresh kernel could be started"):
+            await running
+        with pytest.raises(CodeExecutionError, match="no fresh kernel could be started"):
+            await executor.execute("x")
+    finally:
+        await executor.stop()
+
+
+@pytest.mark.slow
+async def test_the_mcp_server_runs_its_sessions_kernel_on_the_gateway_with_mcptools_uploaded(
+    gateway: RemoteGateway, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "workspace"
+    params = stdio_params(
+        workspace,
+        "--kernel-gateway-url",
+        gateway.url,
+        "--kernel-name",
+        gateway.kernel_name,
+        env=server_env(**{UserEnv.KERNEL_GATEWAY_TOKEN: gateway.token, "KERNEL_ENV_GREETING": "hello"}),
+    )
+    async with connected(params) as client:
+        registered = await client.call_tool(
+            "register_mcp_server",
+            {"server_name": "demo", "server_params": {"command": sys.executable, "args": [str(DEMO_SERVER)]}},
+        )
+        assert not registered.is_error, text_of(registered)
+        assert (workspace / "mcptools" / "demo").is_dir()  # generated here, then uploaded
+        code = (
+            "import mcptools.demo, os\n"
+            "print(os.path.dirname(mcptools.demo.__file__) != "
+            f"{str(workspace / 'mcptools' / 'demo')!r}, os.environ['GREETING'])\n"
+            "print(repr(dict(os.environ)))"
+        )
+        result = await run(client, code)
+        assert not result.is_error, text_of(result)
+        first, environ = text_of(result).split("\n", 1)
+        assert first == "True hello"
+        assert gateway.token not in environ
+
+
+def test_the_cli_refuses_the_sandbox_and_a_bad_url_with_a_gateway() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--kernel-gateway-url", "http://gateway:8888", "--sandbox"])
+    with pytest.raises(SystemExit):
+        parse_args(["--kernel-gateway-url", "gateway:8888"])
+    with pytest.raises(SystemExit):
+        parse_args(["--kernel-name", "python3"])
+    args = parse_args(["--kernel-gateway-url", "http://gateway:8888", "--kernel-name", "ipybox"])
+    assert (args.kernel_gateway_url, args.kernel_name) == ("http://gateway:8888", "ipybox")
