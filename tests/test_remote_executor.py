@@ -19,12 +19,16 @@ import httpx2
 import pytest
 
 from ipybox import (
+    ApprovalRequest,
     CodeExecutionChunk,
     CodeExecutionError,
     CodeExecutionResult,
     CodeExecutor,
     generate_mcp_sources,
 )
+
+# private-ok: settings and CLI parsing are checked without a process; the token tests read the
+# executor's tool server token and kernel id, the secrets and the target of the attacks.
 from ipybox._wire import UserEnv
 from ipybox.app._settings import ExecutorSettings
 from ipybox.errors import KernelConnectionError, KernelStartTimeoutError
@@ -272,6 +276,57 @@ async def test_generated_mcptools_reach_the_kernel_without_a_shared_disk_and_sta
     assert (await executor.execute(check)).text == f"{REMOTE_DIR}/mcptools/demo"
     await executor.reset()
     assert (await executor.execute(check)).text == f"{REMOTE_DIR}/mcptools/demo"
+
+
+@pytest.mark.slow
+async def test_tool_calls_from_the_remote_kernel_are_decided_here_and_answered_over_the_gateway(
+    gateway: RemoteGateway, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel reaches nothing but its gateway: each call travels over the kernel's stdin
+    channel, surfaces here as an `ApprovalRequest`, runs in this process, and its result (or the
+    refusal) goes back the same way; calls gathered in one cell are in flight together."""
+    # A remote executor runs the servers generated under the application's working directory.
+    monkeypatch.chdir(tmp_path)
+    local = tmp_path / "mcptools"
+    await generate_mcp_sources("demo", {"command": sys.executable, "args": [str(DEMO_SERVER)]}, local)
+    async with remote(gateway, images_dir=tmp_path / "images") as executor:
+        await executor.upload(local)
+        code = (
+            "from mcptools.demo import add, echo\n"
+            "total = add.run(add.Params(a=2, b=3))\n"
+            "print(type(total).__name__, total.sum)\n"
+            "print(echo.run(echo.Params(text='hi')))"
+        )
+        asked: list[tuple[str, str, dict[str, Any]]] = []
+        result: object = None
+        async for item in executor.stream(code):
+            if isinstance(item, ApprovalRequest):
+                asked.append((item.server_name, item.tool_name, item.tool_args))
+                await item.accept()
+            else:
+                result = item
+        assert asked == [("demo", "add", {"a": 2, "b": 3}), ("demo", "echo", {"text": "hi"})]
+        assert result == CodeExecutionResult(text="Result 5\nhi", images=[])
+        with pytest.raises(CodeExecutionError, match="rejected"):
+            async for item in executor.stream(
+                "from mcptools.demo import echo\necho.run(echo.Params(text='no'))"
+            ):
+                if isinstance(item, ApprovalRequest):
+                    await item.reject()
+        # The kernel is still usable, and calls gathered in one cell all come back.
+        gathered: object = None
+        async for item in executor.stream(
+            "import asyncio\nfrom mcptools.demo import add\n"
+            "async def _all():\n"
+            "    return await asyncio.gather(*(add.arun(add.Params(a=n, b=1)) for n in range(5)))\n"
+            "print([r.sum for r in await _all()])",
+            timeout=60,
+        ):
+            if isinstance(item, ApprovalRequest):
+                await item.accept()
+            else:
+                gathered = item
+        assert gathered == CodeExecutionResult(text="[1, 2, 3, 4, 5]", images=[])
 
 
 @pytest.mark.slow
