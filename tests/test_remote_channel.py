@@ -271,7 +271,7 @@ async def test_kernel_code_in_a_container_finds_no_trace_of_the_gateways_token(
         print(seen, sorted(name for name in os.environ if name.startswith(("KG_", "JUPYTER_GATEWAY"))))
         """),
     )
-    assert text == "[] []\n"
+    assert text == "[] []"
 
 
 async def test_a_kernel_in_a_container_cannot_reach_another_sessions_kernel(
