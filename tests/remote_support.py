@@ -389,7 +389,11 @@ def _free_port() -> int:
 
 # The kinds of remote gateway the executor suite (tests/test_remote_executor.py) runs against;
 # `remote_gateway` starts one, with the suite's own kernel specs.
-EXECUTOR_GATEWAY_KINDS = ("kernel-gateway", "enterprise-gateway")
+EXECUTOR_GATEWAY_KINDS = tuple(
+    # With Docker-backed gateways selected (scripts/test-remote-docker.sh), the suite runs there.
+    [kind for kind in selected_gateways() if kind.endswith("-docker")]
+    or ["kernel-gateway", "enterprise-gateway"]
+)
 # The kernel spec the suites start: ipybox's kernel arguments without its extension, which the
 # executor's setup cell loads once it has applied the kernel's environment.
 KERNEL_NAME = "ipybox-remote"
@@ -415,6 +419,8 @@ class RemoteGateway:
 
 def remote_gateway_unavailable(kind: str) -> str | None:
     """Why a gateway of `kind` cannot run here, or None when it can."""
+    if kind.endswith("-docker"):
+        return None  # `running_gateway` skips with the reason where its parts are missing
     reason = netns_unavailable()
     if reason is not None:
         return f"no gateway can run in a network namespace here: {reason}"
@@ -428,6 +434,11 @@ def remote_gateway(kind: str) -> Iterator[RemoteGateway]:
     """Start a gateway of `kind` in a network namespace, with the suites' kernel specs."""
     from ipybox.app._kernel_spec import KERNEL_ARGS  # private: the kernel arguments ipybox's own spec uses
 
+    if kind.endswith("-docker"):
+        # Kernels in containers, from the image's kernel spec (scripts/test-remote-docker.sh).
+        with running_gateway(kind) as running:
+            yield RemoteGateway(kind, running.url, running.token, DOCKER_KERNEL_NAME, running.log)
+        return
     if kind == "kernel-gateway":
         python, argv_of = sys.executable, kernel_gateway_argv
     elif kind == "ipybox-gateway":

@@ -240,8 +240,10 @@ async def test_the_gateway_token_and_the_tool_servers_token_never_reach_the_kern
 
 @pytest.mark.slow
 async def test_code_in_the_kernel_cannot_use_the_gateways_api_with_anything_it_can_find(
-    executor: CodeExecutor,
+    gateway: RemoteGateway, executor: CodeExecutor
 ) -> None:
+    if gateway.kind.endswith("-docker"):
+        pytest.skip("the kernel's container reaches no port of the gateway's (tests/test_remote_channel.py)")
     # The gateway listens beside the kernel (the namespace's loopback); hostile code tries every
     # value of its environment and every word of the cells it ran as the gateway's token.
     attack = f"""
@@ -381,6 +383,8 @@ async def test_a_kernel_the_cluster_removes_between_cells_is_replaced_on_the_nex
 async def test_a_kernel_that_never_starts_ends_in_a_bounded_wait_and_leaves_no_kernel(
     gateway: RemoteGateway,
 ) -> None:
+    if gateway.kind.endswith("-docker"):
+        pytest.skip("the Docker images hold no kernel spec that never starts")
     before = {kernel["id"] for kernel in await kernels_on(gateway)}
     with pytest.raises(KernelStartTimeoutError, match=r"kernel_start_timeout=2 s"):
         await remote(gateway, kernel_name=NEVER_STARTS, kernel_start_timeout=2).start()
@@ -400,6 +404,10 @@ async def test_an_unknown_kernel_name_or_a_wrong_token_is_a_clear_error(gateway:
 async def test_a_gateway_that_goes_away_fails_the_execution_with_a_clear_error_and_stop_works(
     kind: str,
 ) -> None:
+    if kind.endswith("-docker"):
+        # Its response port is fixed (the containers' firewall opens only it), and the module's
+        # gateway of this kind holds it: a second one cannot start. The namespace kinds show this.
+        pytest.skip("a second Docker-backed gateway of this kind cannot bind the response port")
     gateways = _started(kind)
     gateway = next(gateways)
     executor = remote(gateway, spare_kernel=False)
