@@ -233,7 +233,9 @@ async def test_the_gateway_token_and_the_tool_servers_token_never_reach_the_kern
         "print(open('/proc/self/cmdline', 'rb').read())\n"
         "print(open('/proc/self/environ', 'rb').read())"
     )
-    assert seen.text is not None and "TOOL_SERVER_HOST" in seen.text
+    assert seen.text is not None and "TOOL_SERVER_CHANNEL" in seen.text
+    # Nor the tool server's address: it is not reachable from there, and nothing needs it.
+    assert "TOOL_SERVER_HOST" not in seen.text and "TOOL_SERVER_PORT" not in seen.text
     for secret in secrets:
         assert secret not in seen.text
 
@@ -329,6 +331,30 @@ async def test_tool_calls_from_the_remote_kernel_are_decided_here_and_answered_o
             else:
                 gathered = item
         assert gathered == CodeExecutionResult(text="[1, 2, 3, 4, 5]", images=[])
+
+
+async def test_shell_commands_of_the_remote_kernel_ask_here_and_run_there_only_once_accepted(
+    gateway: RemoteGateway,
+) -> None:
+    """With approve_shell_cmds the kernel asks over its stdin channel, as it asks for tool calls."""
+    async with remote(gateway, approve_shell_cmds=True) as executor:
+        asked: list[tuple[str, str, dict[str, Any]]] = []
+        result: object = None
+        async for item in executor.stream("!echo hi there"):
+            if isinstance(item, ApprovalRequest):
+                asked.append((item.server_name, item.tool_name, item.tool_args))
+                await item.accept()
+            else:
+                result = item
+        assert asked == [("ipybox", "shell", {"cmd": "echo hi there"})]
+        assert isinstance(result, CodeExecutionResult) and (result.text or "").strip() == "hi there"
+        with pytest.raises(CodeExecutionError, match="was rejected by the application"):
+            async for item in executor.stream("%%bash\ntouch rejected-ran\n"):
+                if isinstance(item, ApprovalRequest):
+                    assert (item.server_name, item.tool_name) == ("ipybox", "shell_magic")
+                    await item.reject()
+        seen = await executor.execute("import os\nprint(os.path.exists('rejected-ran'))")
+        assert seen.text == "False"
 
 
 @pytest.mark.slow

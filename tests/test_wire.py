@@ -71,7 +71,10 @@ def test_the_stdin_channels_models_have_the_request_and_call_fields() -> None:
     assert set(_Request.model_fields) == REQUEST_FIELDS
     assert set(_Call.model_fields) == CALL_FIELDS
     # A call is a /run body without server_params (never taken from a kernel) and with an id.
-    assert CALL_FIELDS == (RunFields.ALL - {RunFields.SERVER_PARAMS}) | {StdinChannel.ID}
+    assert CALL_FIELDS == (RunFields.ALL - {RunFields.SERVER_PARAMS}) | {
+        StdinChannel.ID,
+        StdinChannel.ASK_ONLY,
+    }
 
 
 @pytest.mark.parametrize("content", [False, True])

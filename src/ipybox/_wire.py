@@ -228,9 +228,10 @@ class StdinChannel:
     one request is in flight per kernel: a request starts every call queued meanwhile and hands back
     the results that are ready (long-polling when none is).
 
-    A request is ``{"calls": [{"id", "server_name", "tool_name", "tool_args", "content"}, ...],
+    A request is ``{"calls": [{"id", "server_name", "tool_name", "tool_args", "content", "ask_only"}, ...],
     "ack": [ids]}`` (exactly these fields): ``calls`` are new calls (``content`` as in ``/run``,
-    optional), ``ack`` the ids whose results arrived (the application sends a result again until it is
+    optional; ``ask_only``, optional, makes the call one that only asks, as ``/approve`` does, about a
+    shell command the kernel runs itself: only ``ipybox.shell`` and ``ipybox.shell_magic`` may), ``ack`` the ids whose results arrived (the application sends a result again until it is
     acknowledged; a result nobody waits for any more, of an interrupted call, is acknowledged and
     dropped). The reply is
     ``{"results": [{"id", "status", "answer"}, ...]}``, ``answer`` being the JSON answer ``/run`` would
@@ -249,6 +250,7 @@ class StdinChannel:
     IDLE: ClassVar[str] = "idle"
     ERROR: ClassVar[str] = "error"
     IDS: ClassVar[str] = "ids"
+    ASK_ONLY: ClassVar[str] = "ask_only"
 
 
 PROMPT_PREFIX: Final = "\x1b]ipybox-tool-call;"
@@ -258,6 +260,13 @@ MAX_MESSAGE_CHARS: Final = 8 * 1024 * 1024
 REQUEST_FIELDS: Final = frozenset({StdinChannel.CALLS, StdinChannel.ACK})
 """The fields of a request, and nothing else."""
 CALL_FIELDS: Final = frozenset(
-    {StdinChannel.ID, RunFields.SERVER_NAME, RunFields.TOOL_NAME, RunFields.TOOL_ARGS, RunFields.CONTENT}
+    {
+        StdinChannel.ID,
+        RunFields.SERVER_NAME,
+        RunFields.TOOL_NAME,
+        RunFields.TOOL_ARGS,
+        RunFields.CONTENT,
+        StdinChannel.ASK_ONLY,
+    }
 )
 """The fields of one call in a request, and nothing else (no ``server_params``: never from a kernel)."""

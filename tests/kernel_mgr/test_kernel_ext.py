@@ -43,12 +43,15 @@ def state_dir(workdir: Path) -> Path:
     return workdir / "state"
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def guarded(workdir: Path) -> AsyncIterator[CodeExecutor]:
-    """Shell commands ask, tool calls don't, processes only through `!`, and a kept working directory."""
+@pytest_asyncio.fixture(scope="module", loop_scope="module", params=["http", "stdin"])
+async def guarded(workdir: Path, request: pytest.FixtureRequest) -> AsyncIterator[CodeExecutor]:
+    """Shell commands ask, tool calls don't, processes only through `!`, and a kept working directory.
+
+    Each test runs with the kernel asking over HTTP and over its stdin channel (``tool_channel``)."""
     await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
-    (workdir / "cells").mkdir()
+    (workdir / "cells").mkdir(exist_ok=True)
     async with CodeExecutor(
+        tool_channel=request.param,
         approval_timeout=APPROVAL_TIMEOUT,
         approve_tool_calls=False,
         approve_shell_cmds=True,

@@ -42,8 +42,16 @@ __all__ = ["MAX_UPLOAD_SIZE", "RemoteKernelHost", "setup_cell", "upload_cell"]
 # Bytes of one upload's archive: its cell (in base64) must stay under the 10 MiB a Jupyter
 # Server takes in one WebSocket message.
 MAX_UPLOAD_SIZE = 6 * 1024 * 1024
-# What the local kernel's environment has that a remote kernel must not get.
-_SECRET = (ToolServerEnv.TOKEN, ToolServerEnv.SOCKET, ToolServerEnv.PROXY)
+# What the local kernel's environment has that a remote kernel must not get: the tool server's
+# token, and its addresses, which a remote kernel cannot reach (its tool calls and shell
+# approvals go over its stdin channel, TOOL_SERVER_CHANNEL).
+_NOT_REMOTE = (
+    ToolServerEnv.TOKEN,
+    ToolServerEnv.SOCKET,
+    ToolServerEnv.PROXY,
+    ToolServerEnv.HOST,
+    ToolServerEnv.PORT,
+)
 _LOST = "all variables, imports and definitions are gone"
 _STOPPED = "The kernel died while running the code, and the executor was stopped."
 
@@ -156,7 +164,7 @@ class RemoteKernelHost:
         self._stdin_handler = stdin_handler
         self._settings = settings
         self._url = settings.kernel_gateway_url
-        self._env = {name: value for name, value in env.items() if name not in _SECRET}
+        self._env = {name: value for name, value in env.items() if name not in _NOT_REMOTE}
         self._on_start = on_start
         self._uploads: dict[str, str] = {}  # destination -> its cell
         self._client: KernelClient | None = None

@@ -2,7 +2,7 @@
 
 Application side only. `_ShellRoutes` is a base of :class:`ipybox.app._tool_server.ToolServer`:
 ``/approve`` only asks the application (and the policy gate) about a shell command the kernel
-runs; ``/shell`` asks, then runs the command with the confinement's ``shell_runner`` while the kernel stays
+runs (`approve_only`, which the stdin channel's ask-only calls take too); ``/shell`` asks, then runs the command with the confinement's ``shell_runner`` while the kernel stays
 connected. It also holds the bearer-token check every endpoint but ``/status`` makes.
 """
 
@@ -12,7 +12,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.types import Receive
 
 from ipybox._infra import BearerToken
@@ -69,15 +69,24 @@ class _ShellRoutes(_ToolCalls):
         body = await self._parsed_body(request, charge, _RunRequest, "approval")
         if isinstance(body, Response):
             return body
+        status, content = await self.approve_only(body)
+        return Response(content, status_code=status, media_type="application/json")
+
+    async def approve_only(self, body: _RunRequest) -> tuple[int, bytes]:
+        """Ask the policy gate and the application about what the kernel runs itself; the answer's status and body.
+
+        What ``POST /approve`` and an ask-only call over the kernel's stdin channel
+        (``app/_stdin_tools.py``) both answer with: nothing runs here, the kernel runs it once allowed.
+        """
         if body.server_params:
-            return _error_response(400, "failed", "An approval request cannot carry server_params.")
+            return _error(400, "failed", "An approval request cannot carry server_params.")
         try:
             ticket = await self._approve_shell(body, f"{body.server_name}.{body.tool_name}")
         except _ToolCallError as exc:
-            return _error_response(exc.status, exc.kind, exc.message)
+            return _error(exc.status, exc.kind, exc.message)
         if ticket is not None:
             ticket.finish(200, b"", outcome="approved")  # the kernel runs it: no outcome is seen here
-        return JSONResponse({AnswerFields.RESULT: None})
+        return 200, _json({AnswerFields.RESULT: None})
 
     async def _shell_endpoint(self, request: Request) -> Response:
         if not self._authorized(request.headers.get("authorization", "").encode()):

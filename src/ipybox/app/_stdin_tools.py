@@ -6,7 +6,9 @@ starts with ``PROMPT_PREFIX``. Every request is written by code in the kernel, w
 is parsed strictly (exactly its fields, a size cap, a cap on calls in flight), it carries no approval,
 token or identity (the kernel a request came from is the connection it arrived on, which the kernel
 client names), and each call in it goes through `ToolServer.run_call`, the same function that serves
-``POST /run``: registry lookup, policy and audit, approval, tracing, the call and the size limits.
+``POST /run``: registry lookup, policy and audit, approval, tracing, the call and the size limits. An
+ask-only call (a shell command the kernel runs itself, once allowed) goes through
+`ToolServer.approve_only`, the function that serves ``POST /approve``, and runs nothing here.
 
 ipykernel has one request in flight per kernel, so a request starts all its calls at once and is
 answered with the results that are ready; with none ready, it is held until one is, or for
@@ -24,9 +26,18 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    model_validator,
+)
 
-from ipybox._wire import MAX_MESSAGE_CHARS, PROMPT_PREFIX, StdinChannel
+from ipybox._wire import MAX_MESSAGE_CHARS, PROMPT_PREFIX, SHELL_SERVER_NAME, ShellFields, StdinChannel
 from ipybox.app._tool_calls import _RunRequest
 from ipybox.app._tool_http import _Charge, _error, _summarise
 from ipybox.app._tool_server import ToolServer
@@ -50,6 +61,21 @@ class _Call(BaseModel):
     tool_name: StrictStr = Field(min_length=1)
     tool_args: dict[str, Any]
     content: StrictBool = False
+    ask_only: StrictBool = False
+
+    @model_validator(mode="after")
+    def _asks_for_shell(self) -> _Call:
+        # An ask-only call stands for ``POST /approve``, which a kernel sends for its shell commands.
+        if self.ask_only and (
+            self.server_name != SHELL_SERVER_NAME
+            or self.tool_name not in (ShellFields.SHELL, ShellFields.SHELL_MAGIC)
+            or self.content
+        ):
+            raise ValueError(
+                f"an ask-only call asks about a shell command only: server_name {SHELL_SERVER_NAME!r}, "
+                f"tool_name {ShellFields.SHELL!r} or {ShellFields.SHELL_MAGIC!r}, no content"
+            )
+        return self
 
 
 class _Request(BaseModel):
@@ -180,7 +206,7 @@ class StdinToolCalls:
         )
         charge = _Charge(self.server._inflight)
         try:
-            status, answer = await self._answer(body, charge)
+            status, answer = await self._answer(body, charge, call.ask_only)
         finally:
             if kernel.running.pop(call.id, None) is None or kernel.epoch != epoch:
                 charge.release()
@@ -189,12 +215,16 @@ class StdinToolCalls:
         kernel.results[call.id] = _Result(status, answer, charge)
         kernel.changed.set()
 
-    async def _answer(self, body: _RunRequest, charge: _Charge) -> tuple[int, bytes]:
+    async def _answer(self, body: _RunRequest, charge: _Charge, ask_only: bool) -> tuple[int, bytes]:
         server = self.server
         try:
             # Counted as /run counts a request: its arguments' size, waiting for room.
             await charge.take(len(json.dumps(body.tool_args)))
-            status, answer = await server.run_call(body, charge)
+            if ask_only:
+                # Only asks, as POST /approve does (the same gate, audit, tracing and approval).
+                status, answer = await server.approve_only(body)
+            else:
+                status, answer = await server.run_call(body, charge)
         except TimeoutError:
             return _error(
                 503,

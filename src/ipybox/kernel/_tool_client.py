@@ -317,7 +317,8 @@ def request_approval(tool_name: str, tool_args: dict[str, Any]) -> None:
     """Ask the application to approve something the kernel runs itself (a shell command).
 
     The request reaches the application as an ``ApprovalRequest`` with ``server_name`` ``"ipybox"``,
-    like a tool call; nothing runs on the tool server. The tool server is found as for `run_tool`.
+    like a tool call; nothing runs on the tool server. The tool server is found as for `run_tool`;
+    on the stdin channel (``TOOL_SERVER_CHANNEL=stdin``) the request is an ask-only call there.
 
     Args:
         tool_name: What is to run (``"shell"`` or ``"shell_magic"``).
@@ -328,7 +329,16 @@ def request_approval(tool_name: str, tool_args: dict[str, Any]) -> None:
     """
     __tracebackhide__ = True
     runner = _runner(SHELL_SERVER_NAME)
-    runner._calls.check(runner._sync.call(runner._calls.approve(tool_name, tool_args)), tool_name)
+    calls = runner._calls
+    if runner._stdin is None:
+        calls.check(runner._sync.call(calls.approve(tool_name, tool_args)), tool_name)
+        return
+    body = calls.body(tool_name, tool_args).decode()
+    try:
+        status, answer = runner._stdin.call(f'{body[:-1]}, "{StdinChannel.ASK_ONLY}": true}}')
+    except _stdin.StdinFailure as exc:
+        raise calls.unanswered(tool_name, str(exc)) from None
+    calls.answered(status, answer, tool_name, False)
 
 
 def run_shell(tool_name: str, cmd: str, argv: list[str] | None = None) -> dict[str, Any]:
