@@ -461,7 +461,13 @@ def remote_gateway(kind: str) -> Iterator[RemoteGateway]:
         args = [arg for arg in KERNEL_ARGS if not arg.startswith("--IPKernelApp.extensions")]
         # Enterprise Gateway's environment lacks ipybox: its kernels take the kernel side (standard
         # library only) from this checkout, as an image with ipybox installed would have it.
-        env = {"PYTHONPATH": SRC} if kind == "enterprise-gateway" else {}
+        # Enterprise Gateway starts a kernel with only the spec's and KERNEL_* variables: the spec
+        # gives it a PATH, as an image's environment does (shell commands need `sh`).
+        env = (
+            {"PYTHONPATH": SRC, "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+            if kind == "enterprise-gateway"
+            else {}
+        )
         specs = {
             KERNEL_NAME: [python, "-m", "ipykernel_launcher", "-f", "{connection_file}", *args],
             NEVER_STARTS: [python, "-c", "import time; time.sleep(3600)", "{connection_file}"],
