@@ -7,8 +7,16 @@ import keyword
 import math
 import re
 import textwrap
+import threading
 from collections.abc import Sequence
 from typing import Any
+
+AST_LOCK = threading.Lock()
+"""Held around every `ast` call of the generator. CPython (3.11 at least) counts the AST
+constructor's recursion in state that all threads share; a garbage collection during
+``ast.parse`` can run finalizers and switch threads, and another thread's parse then corrupts
+the count (``SystemError: AST constructor recursion depth mismatch``). Packages are generated
+in worker threads, several at once when sessions register servers together."""
 
 
 class SchemaError(Exception):
@@ -144,7 +152,9 @@ def docstring(text: str, indent: str = "") -> str:
         body += "\n" + indent
     literal = f'"""{body}"""'
     try:
-        if ast.literal_eval(literal) == value + ("\n" + indent if "\n" in value else ""):
+        with AST_LOCK:
+            parsed = ast.literal_eval(literal)
+        if parsed == value + ("\n" + indent if "\n" in value else ""):
             return literal
     except (SyntaxError, ValueError):
         pass

@@ -6,7 +6,7 @@ import ast
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ipybox.app._codegen._names import SchemaError, _field_name, _first_line, docstring, str_literal
+from ipybox.app._codegen._names import AST_LOCK, SchemaError, _field_name, _first_line, docstring, str_literal
 from ipybox.app._codegen._schema import _Class, _Compiler, _Field, _Module
 
 
@@ -220,6 +220,7 @@ def render_package_init(server_name: str, tools: Sequence[tuple[str, str, str | 
 
 def _check_parses(code: str, what: str) -> None:
     try:
-        ast.parse(code)
+        with AST_LOCK:
+            ast.parse(code)
     except (SyntaxError, ValueError) as exc:  # pragma: no cover - a bug in this module
         raise SchemaError(f"generated code for {what!r} does not parse ({exc}); please report this") from exc
