@@ -89,6 +89,25 @@ async def test_a_kernel_is_handed_out_once_and_a_reset_takes_a_fresh_one_from_th
     assert len(seen) == len(set(seen)) == 5
 
 
+async def test_the_pool_keeps_no_more_ready_kernels_than_the_memory_holds_and_still_serves_executors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from ipybox.app import _capacity  # private: the machine's memory, as the pool reads it
+
+    mib = 1024 * 1024
+    # 600 MiB available: the 512 MiB reserve leaves no room for a 128 MiB ready kernel.
+    monkeypatch.setattr(_capacity, "available_memory", lambda: 600 * mib)
+    async with KernelPool(size=2, working_dir=tmp_path) as pool:
+        assert pool.ready == 0
+        assert "keeps 0 kernels ready, not 2" in caplog.text
+        # Memory is back: the kernel an executor asks for is started, and the pool fills again.
+        monkeypatch.setattr(_capacity, "available_memory", lambda: 8192 * mib)
+        async with CodeExecutor(pool=pool, working_dir=tmp_path) as executor:
+            assert (await executor.execute("print(1)")).text == "1"
+            await asyncio.wait_for(pool.filled(), 120)
+            assert pool.ready == 2
+
+
 @pytest_asyncio.fixture
 async def demo_dir(tmp_path: Path) -> AsyncIterator[Path]:
     work = tmp_path / "work"

@@ -26,6 +26,11 @@ MIN_RESERVE_BYTES = 512 * MIB
 RESERVE_FRACTION = 0.25
 """The share of available memory left to everything else, when it is more than `MIN_RESERVE_BYTES`."""
 
+POOLED_KERNEL_BYTES = 128 * MIB
+"""What one ready kernel of a `KernelPool` is budgeted: an idle pooled kernel measured 36 MB PSS
+unsandboxed and 62 MB sandboxed (its srt and helpers included, benchmarks/pool.txt); the rest is
+room for the first imports of the session that takes it."""
+
 _MEMINFO = Path("/proc/meminfo")
 
 
@@ -77,3 +82,13 @@ def max_sessions_for_memory(
         max(MIN_RESERVE_BYTES, int(available * RESERVE_FRACTION)) if reserve_bytes is None else reserve_bytes
     )
     return max(1, (available - reserve) // per_session_bytes)
+
+
+def memory_allows(needed_bytes: int, *, available_bytes: int | None = None) -> bool:
+    """Whether `needed_bytes` more fit in the available memory (read now if `available_bytes` is
+    `None`) after the same reserve as `max_sessions_for_memory` keeps; `True` where the system
+    does not say."""
+    available = available_memory() if available_bytes is None else available_bytes
+    if available is None:
+        return True
+    return available - max(MIN_RESERVE_BYTES, int(available * RESERVE_FRACTION)) >= needed_bytes

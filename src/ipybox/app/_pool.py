@@ -18,6 +18,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -33,8 +34,9 @@ import httpx2
 import websockets
 
 from ipybox._wire import KernelEnv, PoolEnv, ToolServerEnv
-from ipybox.app import _sandbox
+from ipybox.app import _capacity, _sandbox
 from ipybox.app._audit import default_audit_path
+from ipybox.app._capacity import MIB, POOLED_KERNEL_BYTES
 from ipybox.app._gateway import KernelGateway
 from ipybox.app._kernel_client import KernelClient, open_kernel
 from ipybox.app._kernel_wire import KernelChannels, execute_request
@@ -44,6 +46,8 @@ from ipybox.app._shell import KernelConfinement
 from ipybox.errors import ExecutionError, KernelConnectionError
 
 __all__ = ["KernelPool"]
+
+logger = logging.getLogger(__name__)
 
 # Settings that make a kernel what it is: an executor on a pool must have the pool's.
 _KERNEL_FIELDS = (
@@ -102,6 +106,9 @@ class KernelPool:
 
     Args:
         size: Kernels kept ready. ``0``: none; each executor then waits for its kernel to start.
+            The pool keeps fewer while the machine's available memory (``MemAvailable``) less a
+            reserve (a quarter of it, at least 512 MiB) has no room for one more at 128 MiB each
+            (a warning says so once); an executor that asks still gets a kernel.
         max_starting: Kernels started at once while the pool fills up again (each start takes a
             core for about a second).
         refill_delay: Seconds without a hand-out before the pool starts kernels to refill itself,
@@ -157,6 +164,8 @@ class KernelPool:
                 )
         self.size = size
         self.max_starting = max_starting
+        # Whether the last refill stopped short for want of memory (said once, until it recovers).
+        self._memory_short = False
         if isinstance(refill_delay, bool) or not isinstance(refill_delay, int | float) or refill_delay < 0:
             raise ValueError(f"refill_delay must be a number of seconds, at least 0, not {refill_delay!r}.")
         self.refill_delay = refill_delay
@@ -443,6 +452,22 @@ class KernelPool:
             and len(self._starting) < self.max_starting
             and (self._failure is None or self._waiting)
         ):
+            # A kernel a waiting executor needs is started whatever the memory; one kept ready
+            # ahead only while the machine has room for it (`_capacity.memory_allows`).
+            for_waiter = len(self._ready) + len(self._starting) < self._waiting
+            if not for_waiter and not _capacity.memory_allows(POOLED_KERNEL_BYTES):
+                if not self._memory_short:
+                    logger.warning(
+                        "The kernel pool keeps %d kernels ready, not %d: the machine's available memory "
+                        "holds no more (each is budgeted %d MiB beside a reserve); executors still get "
+                        "kernels, started when they ask.",
+                        len(self._ready) + len(self._starting),
+                        self.size,
+                        POOLED_KERNEL_BYTES // MIB,
+                    )
+                self._memory_short = True
+                break
+            self._memory_short = False
             task = asyncio.create_task(self._start_ready())
             self._starting.add(task)
             task.add_done_callback(self._started)
