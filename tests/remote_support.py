@@ -469,7 +469,7 @@ def remote_gateway(kind: str) -> Iterator[RemoteGateway]:
             else {}
         )
         specs = {
-            KERNEL_NAME: [python, "-m", "ipykernel_launcher", "-f", "{connection_file}", *args],
+            KERNEL_NAME: [python, "-P", "-m", "ipykernel_launcher", "-f", "{connection_file}", *args],
             NEVER_STARTS: [python, "-c", "import time; time.sleep(3600)", "{connection_file}"],
         }
         for name, argv in specs.items():

@@ -108,6 +108,32 @@ async def test_the_pool_keeps_no_more_ready_kernels_than_the_memory_holds_and_st
             assert pool.ready == 2
 
 
+@pytest.mark.parametrize("sandbox", [False, True], ids=["unsandboxed", "sandboxed"])
+async def test_a_launcher_planted_in_the_pools_folder_runs_in_no_kernel_the_pool_starts_later(
+    tmp_path: Path, sandbox: bool
+) -> None:
+    """Attack: a module named like the kernel's launcher in the folder kernels start in would run
+    in every kernel started there later, before its hand-out: in another executor's kernel, where
+    it would see that executor's token and cells."""
+    if sandbox:
+        require_sandbox()
+    marker = tmp_path / "planted-ran"
+    plant = (
+        f"open({str(marker)!r}, 'a').write('ran')\n"
+        "import sys, runpy\nsys.path.pop(0)\nrunpy.run_module('ipykernel_launcher', run_name='__main__')\n"
+    )
+    async with KernelPool(size=1, working_dir=tmp_path, sandbox=sandbox, refill_delay=0) as pool:
+        async with CodeExecutor(pool=pool, working_dir=tmp_path, sandbox=sandbox) as hostile:
+            await hostile.execute(f"open('ipykernel_launcher.py', 'w').write({plant!r})")
+            # Twice: the first kernel taken may have been started before the plant.
+            await hostile.reset()
+            await hostile.reset()
+            assert (await hostile.execute("print(1 + 1)")).text == "2"
+        async with CodeExecutor(pool=pool, working_dir=tmp_path, sandbox=sandbox) as victim:
+            assert (await victim.execute("print(2 + 2)")).text == "4"
+    assert not marker.exists()
+
+
 @pytest_asyncio.fixture
 async def demo_dir(tmp_path: Path) -> AsyncIterator[Path]:
     work = tmp_path / "work"

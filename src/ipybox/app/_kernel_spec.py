@@ -86,11 +86,13 @@ def write_kernel_spec(
     """
     spec_dir = jupyter_dir / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", *KERNEL_ARGS]
+    # -P: nothing the kernel imports while it starts comes from the folder it starts in (the
+    # working directory, which kernel code writes): a planted ``ipykernel_launcher.py`` there would
+    # otherwise run in every later kernel, a pool's ready kernels (other executors') included.
+    argv = [sys.executable, "-P", "-m", "ipykernel_launcher", "-f", "{connection_file}", *KERNEL_ARGS]
     if sandbox is not None and env.get(KernelEnv.EXEC_WALL) == "1":
-        # The wall goes up before anything of the kernel runs (see _exec_wall); -P: nothing is
-        # imported from the working directory, where kernel code could plant a module.
-        argv[1:3] = ["-P", "-m", "ipybox.kernel._exec_wall", "ipykernel_launcher"]
+        # The wall goes up before anything of the kernel runs (see _exec_wall).
+        argv[1:4] = ["-P", "-m", "ipybox.kernel._exec_wall", "ipykernel_launcher"]
     spec: dict[str, object] = {
         "display_name": "Python 3 (ipybox)",
         "language": "python",
