@@ -324,6 +324,71 @@ print(reply["error"])
     assert (await run(executor, after))[1] == "after"
 
 
+@pytest.mark.slow
+async def test_calls_still_running_from_ended_cells_count_against_the_limit(workdir: Path) -> None:
+    """Attack: each cell starts as many slow calls as the limit allows and ends; calls run to
+    their end after their cell, so a fresh cell must not get a fresh allowance."""
+    code = f"""
+import json
+calls = [{{"id": i, "server_name": "demo", "tool_name": "slow", "tool_args": {{"seconds": 120}}}} for i in range({{n}})]
+reply = json.loads(input({PROMPT_PREFIX!r} + json.dumps({{"calls": calls, "ack": []}})))
+print(reply.get("error"))
+"""
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    async with CodeExecutor(tool_channel="stdin", approve_tool_calls=False) as ex:
+        first = await ex.execute(code.replace("{n}", str(MAX_CALLS_IN_FLIGHT - 10)))
+        assert first.text == "None"
+        second = await ex.execute(code.replace("{n}", "20"))
+        assert (
+            second.text is not None
+            and f"tool calls in flight, and at most {MAX_CALLS_IN_FLIGHT}" in second.text
+        )
+
+
+@pytest.mark.slow
+async def test_a_request_sent_between_cells_runs_nothing(workdir: Path, tmp_path: Path) -> None:
+    """Attack: a thread the cell left behind sends a tool call request on the stdin socket once
+    the cell has ended; no execution would ever end to free what it holds, so it is not served."""
+    go, started, replied = tmp_path / "go", tmp_path / "started", tmp_path / "replied"
+    code = f"""
+import json, os, threading, time
+k = get_ipython().kernel
+parent = dict(k.get_parent("shell"))
+ident = k._parent_ident["shell"]
+calls = [{{"id": 1, "server_name": "demo", "tool_name": "slow", "tool_args": {{"seconds": 0, "started": {str(started)!r}}}}}]
+def later():
+    while not os.path.exists({str(go)!r}):
+        time.sleep(0.01)
+    k.session.send(k.stdin_socket, "input_request",
+                   {{"prompt": {PROMPT_PREFIX!r} + json.dumps({{"calls": calls, "ack": []}}), "password": False}},
+                   parent=parent, ident=ident)
+    _, reply = k.session.recv(k.stdin_socket, mode=0)
+    with open({str(replied)!r}, "w") as out:
+        out.write(reply["content"]["value"])
+threading.Thread(target=later, daemon=True).start()
+"""
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    async with CodeExecutor(tool_channel="stdin", approve_tool_calls=False) as ex:
+        # The same request made in a cell is served (the slow tool starts): the refusal below is
+        # the channel's, not a broken call.
+        served = code.replace("threading.Thread(target=later, daemon=True).start()", "")
+        await ex.execute(
+            served.replace(repr(str(started)), repr(str(tmp_path / "in-cell")))
+            + f"print(json.loads(input({PROMPT_PREFIX!r} + json.dumps({{'calls': calls, 'ack': []}}))).get('error'))"
+        )
+        async with asyncio.timeout(60):
+            while not (tmp_path / "in-cell").exists():  # noqa: ASYNC110  # the MCP server writes it
+                await asyncio.sleep(0.05)
+        await ex.execute(code)
+        go.touch()  # the cell has ended
+        async with asyncio.timeout(60):
+            while not replied.exists():  # noqa: ASYNC110  # a file the kernel's thread writes
+                await asyncio.sleep(0.05)
+        assert replied.read_text() == "\x04"  # end of input
+        assert (await ex.execute("print('still here')")).text == "still here"
+    assert not started.exists()
+
+
 async def test_stdin_channel_is_refused_unless_http_or_stdin() -> None:
     with pytest.raises(ValueError, match="tool_channel must be 'http' or 'stdin'"):
         CodeExecutor(tool_channel="carrier-pigeon")  # type: ignore[arg-type]

@@ -596,7 +596,10 @@ class KernelClient:
         prompt = content.get("prompt") if isinstance(content, dict) else None
         handler = self.stdin_handler
         value = _EOF
-        if handler is not None and isinstance(prompt, str) and prompt.startswith(PROMPT_PREFIX):
+        # Only while an execution runs: a request made between executions (by a thread a cell
+        # left behind) would hold results and budget that no execution's end ever frees.
+        running = kernel.pending > 0
+        if handler is not None and running and isinstance(prompt, str) and prompt.startswith(PROMPT_PREFIX):
             try:
                 value = await handler.input_request(kernel.id, prompt)
             except Exception:  # broad: a failed answer must still end the kernel's wait (as end of input)
@@ -631,6 +634,9 @@ class KernelClient:
             kernel.receiver.cancel()
         if kernel.answering is not None:
             kernel.answering.cancel()
+        if self.stdin_handler is not None:
+            # What the handler holds for this kernel (results, their budget) goes with it.
+            self.stdin_handler.execution_ended(kernel.id)
         if (watcher := self._watchers.pop(kernel.id, None)) is not None:
             watcher.cancel()
         # Broad: a connection that is already broken closes with errors of its own.

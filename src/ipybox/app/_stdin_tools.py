@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -121,9 +122,6 @@ class _KernelCalls:
     # Which execution the calls belong to; a call of an ended one keeps no result.
     epoch: int = 0
 
-    def in_flight(self) -> int:
-        return len(self.running) + len(self.results)
-
     def take_acks(self, ids: list[int]) -> None:
         for call_id in ids:
             result = self.results.pop(call_id, None)
@@ -152,6 +150,9 @@ class StdinToolCalls:
         self.poll_window = poll_window
         self._kernels: dict[str, _KernelCalls] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Each kernel's calls still running, those of ended executions too (they run to their
+        # end): the cap on calls in flight counts them all, so ending cells does not reset it.
+        self._live: dict[str, set[asyncio.Task[None]]] = {}
 
     async def input_request(self, kernel_id: str, prompt: str) -> str:
         """The reply to one request from the kernel `kernel_id` (known from its connection)."""
@@ -168,9 +169,11 @@ class StdinToolCalls:
             return _refusal(
                 "The tool call request repeats the id of a call in flight; none of its calls ran.", ids
             )
-        if kernel.in_flight() + len(ids) > MAX_CALLS_IN_FLIGHT:
+        live = self._live.setdefault(kernel_id, set())
+        in_flight = len(live) + len(kernel.results)
+        if in_flight + len(ids) > MAX_CALLS_IN_FLIGHT:
             return _refusal(
-                f"The kernel has {kernel.in_flight()} tool calls in flight, and at most {MAX_CALLS_IN_FLIGHT} "
+                f"The kernel has {in_flight} tool calls in flight, and at most {MAX_CALLS_IN_FLIGHT} "
                 "may be; none of the request's calls ran. Make fewer calls at once.",
                 ids,
             )
@@ -179,7 +182,16 @@ class StdinToolCalls:
             kernel.running[call.id] = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            live.add(task)
+            task.add_done_callback(functools.partial(self._finished, kernel_id))
         return await self._reply(kernel)
+
+    def _finished(self, kernel_id: str, task: asyncio.Task[None]) -> None:
+        live = self._live.get(kernel_id)
+        if live is not None:
+            live.discard(task)
+            if not live:
+                del self._live[kernel_id]
 
     def execution_ended(self, kernel_id: str) -> None:
         """The kernel's execution ended: results nobody took are dropped, a held request is answered."""
@@ -192,6 +204,7 @@ class StdinToolCalls:
         for kernel in self._kernels.values():
             kernel.end()
         self._kernels.clear()
+        self._live.clear()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
