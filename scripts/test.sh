@@ -19,7 +19,9 @@ uv run --frozen ruff check src tests benchmarks examples
 uv run --frozen mypy
 bash scripts/docs.sh
 if [ -n "$quick" ]; then
-    uv run --frozen pytest -m "not slow" "$@"
+    # Two workers (pytest-xdist), each test module on one of them: most of a test's time is a
+    # kernel starting or answering, which the other worker's tests overlap.
+    uv run --frozen pytest -m "not slow" -n 2 --dist loadfile "$@"
     exit
 fi
 uv run --frozen pytest "$@"
