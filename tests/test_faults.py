@@ -257,7 +257,8 @@ async def test_the_gateway_killed_mid_cell_is_reported_and_the_executor_recovers
     await until(started.exists)  # the cell runs
     (gateway,) = descendants("ipybox.gateway._main")
     for child in gateway.children(recursive=True):
-        child.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # one that ended with its parent
+            child.kill()
     gateway.kill()
     with pytest.raises(CodeExecutionError) as info:
         await asyncio.wait_for(call, 60)
@@ -272,7 +273,8 @@ async def test_the_gateway_killed_between_cells_is_reported_on_the_next_cell_and
     await executor.execute("print('warm')")
     (gateway,) = descendants("ipybox.gateway._main")
     for child in gateway.children(recursive=True):
-        child.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # one that ended with its parent
+            child.kill()
     gateway.kill()
     gateway.wait(10)
     with pytest.raises(CodeExecutionError, match=r"gateway|kernel died"):
