@@ -10,6 +10,7 @@ Gateway 3.3 (Jupyter Server 1: plain JSON protocol; ipykernel 6).
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
@@ -483,6 +484,9 @@ async def test_the_mcp_server_runs_its_sessions_kernel_on_the_gateway_with_mcpto
         first, environ = text_of(result).split("\n", 1)
         assert first == "True hello"
         assert gateway.token not in environ
+        # Each session's kernel works in a folder of its own on the kernel's host.
+        where = text_of(await run(client, "import os\nprint(os.getcwd())"))
+        assert os.path.dirname(where) == "/tmp/ipybox-sessions", where
 
 
 def test_the_cli_refuses_the_sandbox_and_a_bad_url_with_a_gateway() -> None:

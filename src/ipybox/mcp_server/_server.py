@@ -43,6 +43,10 @@ SESSIONS_DIR = "sessions"
 """Where HTTP sessions get their own working folders, inside the workspace."""
 
 
+REMOTE_SESSIONS_DIR = "/tmp/ipybox-sessions"
+"""Where on a remote kernel's host each MCP session's kernel works (``--kernel-gateway-url``)."""
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the command line chose.
@@ -168,6 +172,9 @@ class Settings:
         env.pop("HOME", None)
         env.pop("PYTHONPATH", None)
         return CodeExecutor(
+            # A folder of its own on the kernel's host, so that sessions whose kernels share one
+            # filesystem (kernels beside the gateway) do not replace each other's mcptools/.
+            working_dir=f"{REMOTE_SESSIONS_DIR}/{secrets.token_hex(8)}",
             spare_kernel=self.spare_kernel,
             kernel_env=env,
             images_dir=folder / "images",
