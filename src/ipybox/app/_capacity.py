@@ -3,8 +3,8 @@
 One rule, used by the MCP server for its default ``--max-sessions`` and by the kernel pool for
 its size: take the memory the kernel says is available for new work (``MemAvailable`` in
 ``/proc/meminfo``: free memory plus the caches it can drop), keep a reserve of it for the rest of
-the machine, and divide what is left by what one session costs. The figure is read once, when the
-server starts; it does not follow what other programs do afterwards.
+the machine, and divide what is left by what one session costs. The MCP server reads the figure
+once, when it starts; the pool reads it each time it would start a kernel ahead of need.
 """
 
 from __future__ import annotations
