@@ -16,50 +16,15 @@ cd "$(dirname "$0")/.."
 image="${IPYBOX_TEST_IMAGE:-ipybox-test}"
 base="${BASE_IMAGE:-debian:bookworm-slim}"
 
+say() { echo "test-docker: $*"; }
 skip() {
     echo "test-docker: SKIPPED: $*"
     exit 0
 }
 
-started_dockerd=""
-dockerd_log=""
-stop_dockerd() {
-    if [ -n "$started_dockerd" ]; then
-        kill "$started_dockerd" 2>/dev/null || true
-        for _ in $(seq 1 30); do
-            kill -0 "$started_dockerd" 2>/dev/null || break
-            sleep 1
-        done
-        rm -f "$dockerd_log"
-    fi
-}
+source scripts/_dockerd.sh
 trap stop_dockerd EXIT
-
-if ! docker info >/dev/null 2>&1; then
-    if [ "$(id -u)" -ne 0 ]; then
-        skip "no Docker engine is reachable, and starting one needs root"
-    fi
-    if ! command -v dockerd >/dev/null 2>&1; then
-        echo "test-docker: installing docker.io"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null 2>&1; } \
-            || skip "docker.io could not be installed with apt-get"
-    fi
-    command -v docker >/dev/null 2>&1 || skip "the docker client is missing after installing docker.io"
-    dockerd_log="$(mktemp)"
-    echo "test-docker: starting dockerd"
-    dockerd >"$dockerd_log" 2>&1 &
-    started_dockerd=$!
-    for _ in $(seq 1 60); do
-        docker info >/dev/null 2>&1 && break
-        kill -0 "$started_dockerd" 2>/dev/null || break
-        sleep 1
-    done
-    if ! docker info >/dev/null 2>&1; then
-        reason="$(grep -m1 -iE 'failed|error' "$dockerd_log" || tail -1 "$dockerd_log")"
-        skip "dockerd could not be started here: $reason"
-    fi
-fi
+ensure_dockerd
 
 # The base image: the conventional one if it is here or can be pulled, else one built from
 # Debian packages.

@@ -46,8 +46,7 @@ skip() {
     exit 0
 }
 
-started_dockerd=""
-dockerd_log=""
+source scripts/_dockerd.sh
 firewall_set=""
 cleanup() {
     # Kernels the gateways left behind, then the network and its firewall, then the engine.
@@ -63,41 +62,12 @@ cleanup() {
         docker network rm "$network" >/dev/null 2>&1 || true
     fi
     find docker/ca-certificates -name '*.crt' -delete 2>/dev/null || true
-    if [ -n "$started_dockerd" ]; then
-        kill "$started_dockerd" 2>/dev/null || true
-        for _ in $(seq 1 30); do
-            kill -0 "$started_dockerd" 2>/dev/null || break
-            sleep 1
-        done
-        rm -f "$dockerd_log"
-    fi
+    stop_dockerd
 }
 trap cleanup EXIT
 
-# 1. A Docker engine (as scripts/test-docker.sh gets one).
-if ! docker info >/dev/null 2>&1; then
-    [ "$(id -u)" -eq 0 ] || skip "no Docker engine is reachable, and starting one needs root"
-    if ! command -v dockerd >/dev/null 2>&1; then
-        say "installing docker.io"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q docker.io >/dev/null 2>&1; } \
-            || skip "docker.io could not be installed with apt-get"
-    fi
-    command -v docker >/dev/null 2>&1 || skip "the docker client is missing after installing docker.io"
-    dockerd_log="$(mktemp)"
-    say "starting dockerd"
-    dockerd >"$dockerd_log" 2>&1 &
-    started_dockerd=$!
-    for _ in $(seq 1 60); do
-        docker info >/dev/null 2>&1 && break
-        kill -0 "$started_dockerd" 2>/dev/null || break
-        sleep 1
-    done
-    if ! docker info >/dev/null 2>&1; then
-        reason="$(grep -m1 -iE 'failed|error' "$dockerd_log" || tail -1 "$dockerd_log")"
-        skip "dockerd could not be started here: $reason"
-    fi
-fi
+# 1. A Docker engine (scripts/_dockerd.sh, as scripts/test-docker.sh gets one).
+ensure_dockerd
 [ "$(id -u)" -eq 0 ] || skip "confining the kernels' network (iptables on the Docker bridge) needs root"
 command -v iptables >/dev/null 2>&1 || skip "iptables is missing: the kernels' network cannot be confined"
 

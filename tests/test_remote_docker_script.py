@@ -18,6 +18,7 @@ def test_without_an_engine_and_without_root_it_skips_and_says_why(tmp_path: Path
     # before it needs anything else of the repository.
     (tmp_path / "scripts").mkdir()
     shutil.copy(SCRIPT, tmp_path / "scripts")
+    shutil.copy(SCRIPT.parent / "_dockerd.sh", tmp_path / "scripts")  # what the script sources
     tmp_path.chmod(0o755)
     (tmp_path / "scripts").chmod(0o755)
     result = subprocess.run(
