@@ -441,6 +441,41 @@ print(await attempt())
     ).text == "ok"
 
 
+async def test_kernel_code_cannot_have_the_application_asked_about_a_tool_call_that_never_runs(
+    executor: CodeExecutor,
+) -> None:
+    """``POST /approve`` runs nothing: it asks about the kernel's own shell commands. Naming a tool
+    there would show the application a request for a call that never runs (and could prime
+    "accept for the session" for it); it is refused before anyone is asked."""
+    code = """
+import json, os, http.client, socket
+unix = os.environ.get("TOOL_SERVER_SOCKET")
+class Connection(http.client.HTTPConnection):
+    def connect(self):
+        if unix:
+            self.sock = socket.socket(socket.AF_UNIX)
+            self.sock.connect(unix)
+        else:
+            super().connect()
+conn = Connection(os.environ["TOOL_SERVER_HOST"], int(os.environ["TOOL_SERVER_PORT"]), timeout=30)
+body = {"server_name": "demo", "tool_name": "echo", "tool_args": {"text": "forged"}}
+conn.request("POST", "/approve", json.dumps(body), {"Authorization": "Bearer " + os.environ["TOOL_SERVER_TOKEN"]})
+response = conn.getresponse()
+print(json.dumps([response.status, json.loads(response.read())]))
+"""
+    asked: list[ApprovalRequest] = []
+    text = None
+    async for item in executor.stream(code, timeout=60):
+        if isinstance(item, ApprovalRequest):
+            asked.append(item)
+            await item.accept()
+        elif isinstance(item, CodeExecutionResult):
+            text = item.text
+    status, answer = json.loads(text or "null")
+    assert [(r.server_name, r.tool_name) for r in asked] == []
+    assert status == 400 and "asks about a shell command only" in answer["error"]["message"]
+
+
 @pytest.mark.slow
 async def test_secrets_in_server_params_never_reach_the_kernel(
     workdir: Path, monkeypatch: pytest.MonkeyPatch

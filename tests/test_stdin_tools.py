@@ -197,9 +197,9 @@ ASK = {
     [
         ({**ASK, "approved": True}, "Extra inputs"),
         ({**ASK, "decision": "accept"}, "Extra inputs"),
-        ({**CALL, "ask_only": True}, "ask-only call asks about a shell command only"),
-        ({**ASK, "tool_name": "echo"}, "ask-only call asks about a shell command only"),
-        ({**ASK, "content": True}, "ask-only call asks about a shell command only"),
+        ({**CALL, "ask_only": True}, "asks about a shell command only"),
+        ({**ASK, "tool_name": "echo"}, "asks about a shell command only"),
+        ({**ASK, "content": True}, "asks about a shell command only"),
         ({**ASK, "ask_only": 1}, "ask_only"),
     ],
     ids=["approved", "decision", "a-tool-call", "another-kind", "content", "not-a-bool"],

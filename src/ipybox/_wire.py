@@ -202,6 +202,20 @@ class ShellFields:
     KINDS: ClassVar[frozenset[str]] = frozenset({SHELL, SHELL_MAGIC})
 
 
+def asks_about_shell(server_name: str, tool_name: str) -> bool:
+    """Whether an ask-only approval (``POST /approve``, or an ask-only call on the stdin channel)
+    names what it may only name: the kernel's own shell command. Any other name would have the
+    application asked about a tool call that never runs."""
+    return server_name == SHELL_SERVER_NAME and tool_name in ShellFields.KINDS
+
+
+ASK_ONLY_RULE: Final = (
+    f"an approval request asks about a shell command only: server_name {SHELL_SERVER_NAME!r}, "
+    f"tool_name {ShellFields.SHELL!r} or {ShellFields.SHELL_MAGIC!r}, no content"
+)
+"""What `asks_about_shell` requires, in the words of the refusal."""
+
+
 class ShellAnswerFields:
     """The field names of the tool server's answer to ``POST /shell``.
 

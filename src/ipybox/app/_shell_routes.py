@@ -16,7 +16,14 @@ from starlette.responses import Response
 from starlette.types import Receive
 
 from ipybox._infra import BearerToken
-from ipybox._wire import SHELL_SERVER_NAME, AnswerFields, ShellAnswerFields, ShellFields
+from ipybox._wire import (
+    ASK_ONLY_RULE,
+    SHELL_SERVER_NAME,
+    AnswerFields,
+    ShellAnswerFields,
+    ShellFields,
+    asks_about_shell,
+)
 from ipybox.app._gate import GateDenied, Ticket
 from ipybox.app._shell import KernelConfinement, ShellRunner, _run_while_connected, _shell_call, _ShellRequest
 from ipybox.app._tool_calls import _RunRequest, _ToolCallError, _ToolCalls
@@ -80,6 +87,10 @@ class _ShellRoutes(_ToolCalls):
         """
         if body.server_params:
             return _error(400, "failed", "An approval request cannot carry server_params.")
+        if not asks_about_shell(body.server_name, body.tool_name) or body.content:
+            # Nothing runs for it here: a tool's name would have the application asked about a
+            # call that never runs (and "accept for the session" primed by it).
+            return _error(400, "failed", f"Refused: {ASK_ONLY_RULE}; tool calls go to POST /run.")
         try:
             ticket = await self._approve_shell(body, f"{body.server_name}.{body.tool_name}")
         except _ToolCallError as exc:

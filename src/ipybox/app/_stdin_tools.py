@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -38,7 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from ipybox._wire import MAX_MESSAGE_CHARS, PROMPT_PREFIX, SHELL_SERVER_NAME, ShellFields, StdinChannel
+from ipybox._wire import ASK_ONLY_RULE, MAX_MESSAGE_CHARS, PROMPT_PREFIX, StdinChannel, asks_about_shell
 from ipybox.app._tool_calls import _RunRequest
 from ipybox.app._tool_http import _Charge, _error, _summarise
 from ipybox.app._tool_server import ToolServer
@@ -67,15 +66,8 @@ class _Call(BaseModel):
     @model_validator(mode="after")
     def _asks_for_shell(self) -> _Call:
         # An ask-only call stands for ``POST /approve``, which a kernel sends for its shell commands.
-        if self.ask_only and (
-            self.server_name != SHELL_SERVER_NAME
-            or self.tool_name not in (ShellFields.SHELL, ShellFields.SHELL_MAGIC)
-            or self.content
-        ):
-            raise ValueError(
-                f"an ask-only call asks about a shell command only: server_name {SHELL_SERVER_NAME!r}, "
-                f"tool_name {ShellFields.SHELL!r} or {ShellFields.SHELL_MAGIC!r}, no content"
-            )
+        if self.ask_only and (not asks_about_shell(self.server_name, self.tool_name) or self.content):
+            raise ValueError(ASK_ONLY_RULE)
         return self
 
 
@@ -152,7 +144,7 @@ class StdinToolCalls:
         self._tasks: set[asyncio.Task[None]] = set()
         # Each kernel's calls still running, those of ended executions too (they run to their
         # end): the cap on calls in flight counts them all, so ending cells does not reset it.
-        self._live: dict[str, set[asyncio.Task[None]]] = {}
+        self._live: dict[str, int] = {}
 
     async def input_request(self, kernel_id: str, prompt: str) -> str:
         """The reply to one request from the kernel `kernel_id` (known from its connection)."""
@@ -169,8 +161,8 @@ class StdinToolCalls:
             return _refusal(
                 "The tool call request repeats the id of a call in flight; none of its calls ran.", ids
             )
-        live = self._live.setdefault(kernel_id, set())
-        in_flight = len(live) + len(kernel.results)
+        live = self._live.get(kernel_id, 0)
+        in_flight = live + len(kernel.results)
         if in_flight + len(ids) > MAX_CALLS_IN_FLIGHT:
             return _refusal(
                 f"The kernel has {in_flight} tool calls in flight, and at most {MAX_CALLS_IN_FLIGHT} "
@@ -178,20 +170,22 @@ class StdinToolCalls:
                 ids,
             )
         for call in request.calls:
-            task = asyncio.create_task(self._run(kernel, call, kernel.epoch))
+            task = asyncio.create_task(self._run(kernel_id, kernel, call, kernel.epoch))
             kernel.running[call.id] = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            live.add(task)
-            task.add_done_callback(functools.partial(self._finished, kernel_id))
+        self._live[kernel_id] = live + len(ids)
         return await self._reply(kernel)
 
-    def _finished(self, kernel_id: str, task: asyncio.Task[None]) -> None:
-        live = self._live.get(kernel_id)
-        if live is not None:
-            live.discard(task)
-            if not live:
-                del self._live[kernel_id]
+    def _finished(self, kernel_id: str) -> None:
+        """One of the kernel's calls no longer runs. Called in the same step that keeps its result:
+        a done callback would run a loop turn later, and a request read in that turn would count
+        the call twice (running and kept)."""
+        live = self._live.get(kernel_id, 0) - 1
+        if live > 0:
+            self._live[kernel_id] = live
+        else:
+            self._live.pop(kernel_id, None)
 
     def execution_ended(self, kernel_id: str) -> None:
         """The kernel's execution ended: results nobody took are dropped, a held request is answered."""
@@ -210,17 +204,18 @@ class StdinToolCalls:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _run(self, kernel: _KernelCalls, call: _Call, epoch: int) -> None:
-        body = _RunRequest(
-            server_name=call.server_name,
-            tool_name=call.tool_name,
-            tool_args=call.tool_args,
-            content=call.content,
-        )
+    async def _run(self, kernel_id: str, kernel: _KernelCalls, call: _Call, epoch: int) -> None:
         charge = _Charge(self.server._inflight)
         try:
+            body = _RunRequest(
+                server_name=call.server_name,
+                tool_name=call.tool_name,
+                tool_args=call.tool_args,
+                content=call.content,
+            )
             status, answer = await self._answer(body, charge, call.ask_only)
         finally:
+            self._finished(kernel_id)
             if kernel.running.pop(call.id, None) is None or kernel.epoch != epoch:
                 charge.release()
         if kernel.epoch != epoch:
