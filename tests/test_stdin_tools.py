@@ -98,6 +98,25 @@ print(sorted(out + gathered))
     assert result.text == str(["12 together"] * 12)
 
 
+async def test_resetting_the_mcp_servers_from_the_kernel_says_the_application_does_it(
+    executor: CodeExecutor,
+) -> None:
+    # Over HTTP a kernel may reset them; the stdin channel carries tool calls only.
+    code = """
+from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
+runner = ToolRunner("demo", {})
+for blocking in (True, False):
+    try:
+        runner.reset_sync() if blocking else await runner.reset()
+    except ToolRunnerError as exc:
+        print(exc.kind, str(exc))
+"""
+    requests, text = await run(executor, code)
+    lines = (text or "").splitlines()
+    assert requests == [] and len(lines) == 2
+    assert all(line.startswith("failed ") and "CodeExecutor.reset()" in line for line in lines)
+
+
 async def test_a_plain_input_raises_eof_error_and_reaches_no_tool(executor: CodeExecutor) -> None:
     requests, text = await run(executor, "try:\n    input('name? ')\nexcept EOFError:\n    print('EOF')")
     assert (requests, text) == ([], "EOF")

@@ -220,17 +220,31 @@ class ToolRunner:
         """Reset the tool server: close every MCP server it started (blocking).
 
         Raises:
-            ToolRunnerError: The tool server refused or could not be reached.
+            ToolRunnerError: The tool server refused or could not be reached, or tool calls go over
+                the stdin channel (which carries tool calls only).
         """
+        self._no_reset_over_stdin()
         self._calls.check(self._sync.call(self._calls.reset()), "")
 
     async def reset(self) -> None:
         """Reset the tool server: close every MCP server it started; they restart on their next call.
 
         Raises:
-            ToolRunnerError: The tool server refused or could not be reached.
+            ToolRunnerError: The tool server refused or could not be reached, or tool calls go over
+                the stdin channel (which carries tool calls only).
         """
+        self._no_reset_over_stdin()
         self._calls.check(await self._async.call(self._calls.reset()), "")
+
+    def _no_reset_over_stdin(self) -> None:
+        if self._stdin is not None:
+            raise ToolRunnerError(
+                "This kernel's tool calls go over its stdin channel, which carries tool calls only: "
+                "the MCP servers cannot be reset from inside it. The application resets them "
+                "(CodeExecutor.reset(), or the MCP server's reset tool).",
+                "failed",
+                self.server_name,
+            )
 
     def close(self) -> None:
         """Close the kept connection of the blocking API (a later call opens a new one)."""
