@@ -140,6 +140,20 @@ def test_token_and_kernel_name_need_a_gateway_url_and_a_remote_working_dir_is_ab
         CodeExecutor(kernel_gateway_url="http://gateway:8888", kernel_start_timeout=0)
 
 
+@pytest.mark.slow
+async def test_the_setup_cells_are_hidden_and_the_first_cell_is_in_1(
+    executor: CodeExecutor, tmp_path: Path
+) -> None:
+    # The setup cell and the uploads run before the agent's first cell, counting nothing.
+    count = "print(len(In) - 1)"  # this cell is In[1]: the first the history holds
+    assert (await executor.execute(count)).text == "1"
+    (tmp_path / "up.txt").write_text("up")
+    await executor.upload(tmp_path / "up.txt")
+    await executor.reset()
+    assert (await executor.execute(count)).text == "1"
+    assert (await executor.execute("print(open('up.txt').read())")).text == "up"
+
+
 def test_the_token_is_kept_out_of_the_settings_repr() -> None:
     settings = ExecutorSettings(kernel_gateway_url="http://gateway:8888", kernel_gateway_token="s3cret-token")
     assert settings.remote

@@ -538,7 +538,8 @@ class KernelClient:
         kernel.queues[msg_id] = queue
         outcome = Outcome(KeptText(self.max_output_chars), self.images_dir)
         try:
-            await kernel.ws.send(execute_request(kernel.session, msg_id, code))
+            # Silent: the agent's first cell stays In[1]; a failure still comes in the reply.
+            await kernel.ws.send(execute_request(kernel.session, msg_id, code, silent=True))
             while not (outcome.idle and outcome.replied):
                 msg = await queue.get()
                 if msg is None:
