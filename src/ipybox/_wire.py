@@ -82,7 +82,7 @@ class KernelEnv:
 class PoolEnv:
     """What a pool's sandboxed kernel's launcher (``gateway/_kernel_launch.py``, which keeps the
     names as literals: a test checks them) reads from the kernel's own environment, written by the
-    pool (``app/_pool.py``) into the request that creates the kernel."""
+    pool (``app/_pool_places.py``) into the request that creates the kernel."""
 
     SETTINGS: Final = "IPYBOX_KERNEL_SETTINGS"
     """The srt settings of the kernel's working directory, when it is not the gateway's."""
