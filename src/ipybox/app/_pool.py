@@ -121,6 +121,14 @@ class KernelPool:
         new_folder: Callable[[], Path] | None = None,
         folder_env: Callable[[Path], Mapping[str, str]] | None = None,
     ) -> None:
+        self._stock = KernelStock(
+            size,
+            max_starting,
+            refill_delay,
+            start=self._start_ready,
+            close=lambda kernel: self._close(kernel, shutdown=True),
+            running=lambda: self._gateway is not None,
+        )
         self._settings = ExecutorSettings(
             kernel_gateway_host=kernel_gateway_host,
             kernel_env=kernel_env if kernel_env is not None else {},
@@ -133,14 +141,6 @@ class KernelPool:
             memory_limit=memory_limit,
             max_processes=max_processes,
             sandbox_hidden=sandbox_hidden,
-        )
-        self._stock = KernelStock(
-            size,
-            max_starting,
-            refill_delay,
-            start=self._start_ready,
-            close=lambda kernel: self._close(kernel, shutdown=True),
-            running=lambda: self._gateway is not None,
         )
         self._registry_dir = (registry if registry is not None else default_registry()).path.parent
         self._trail_dir = default_audit_path().parent

@@ -161,7 +161,7 @@ class KernelStock:
                 self._memory_short = True
                 break
             self._memory_short = False
-            task = asyncio.create_task(self._start_ready())
+            task = asyncio.create_task(self._start_one())
             self._starting.add(task)
             task.add_done_callback(self._started)
 
@@ -199,7 +199,7 @@ class KernelStock:
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def _start_ready(self) -> None:
+    async def _start_one(self) -> None:
         kernel = await self._start()
         if kernel is None:
             return
