@@ -9,10 +9,22 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 # The SDK demo MCP server every test folder runs (stdio by default; HTTP below).
 DEMO_SERVER = Path(__file__).parent / "servers" / "demo_server.py"
+
+
+def command_line(process: psutil.Process | int) -> str:
+    """The command line of `process`, empty for one that has exited since it was listed (a
+    process table read twice is never the same: a helper may end in between)."""
+    try:
+        return " ".join(
+            (process if isinstance(process, psutil.Process) else psutil.Process(process)).cmdline()
+        )
+    except psutil.Error:
+        return ""
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 # private-ok: the audit trail is read back through its internal reader (as `ipybox audit` does),
 # and the CLI's parser and the approval gate are tested directly on their own.
+import asyncio
 import concurrent.futures
 import json
 import os
@@ -326,9 +327,11 @@ async def test_an_approval_that_expires_is_recorded_as_decided_by_the_timeout(tm
 
     trail = AuditTrail(tmp_path / "audit.sqlite3")
     asked: list[ApprovalRequest] = []
+    seen = asyncio.Event()
 
     async def never_decide(request: ApprovalRequest) -> None:
         asked.append(request)
+        seen.set()
 
     params = {"command": sys.executable, "args": [str(ANNOTATED)]}
     async with ToolServer(
@@ -340,6 +343,9 @@ async def test_an_approval_that_expires_is_recorded_as_decided_by_the_timeout(tm
             with pytest.raises(ToolRunnerError, match="expired"):
                 await runner.run("put_item", {"key": "k", "value": "v"})
             await runner.aclose()
+            # The client's handler runs in a task of its own: on a stalled loop the expiry may
+            # come first; the client stays open until the handler has seen the request.
+            await seen.wait()
     [record] = trail.query(session="expiring")
     trail.close()
     assert len(asked) == 1

@@ -24,7 +24,7 @@ from ipybox import (
     generate_mcp_sources,
 )
 from ipybox.errors import ApprovalDecisionError, KernelConnectionError
-from tests.conftest import DEMO_SERVER
+from tests.conftest import DEMO_SERVER, command_line
 from tests.sandbox_support import require_sandbox
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -694,11 +694,7 @@ async def test_closing_a_stream_early_rejects_the_call_waiting_for_approval(exec
 
 
 def gateway_processes() -> list[psutil.Process]:
-    return [
-        p
-        for p in psutil.Process().children(recursive=True)
-        if "ipybox.gateway._main" in " ".join(p.cmdline())
-    ]
+    return [p for p in psutil.Process().children(recursive=True) if "ipybox.gateway._main" in command_line(p)]
 
 
 def kill_tree(process: psutil.Process) -> None:

@@ -32,7 +32,7 @@ from ipybox.app import _sandbox
 from ipybox.errors import SandboxUnavailableError
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
-from tests.conftest import DEMO_SERVER
+from tests.conftest import DEMO_SERVER, command_line
 from tests.sandbox_support import require_sandbox
 from tests.servers.demo_server import png_bytes
 
@@ -600,7 +600,7 @@ async def test_sandboxed_kernels_end_when_their_gateway_is_killed(workdir: Path)
         assert gateway.pid is not None
         process = psutil.Process(gateway.pid)
         kernels = process.children(recursive=True)
-        assert any("ipykernel_launcher" in " ".join(p.cmdline()) for p in kernels)
+        assert any("ipykernel_launcher" in command_line(p) for p in kernels)
         process.kill()
         _, alive = await asyncio.to_thread(psutil.wait_procs, kernels, timeout=30)
         assert alive == [], f"still running after the gateway was killed: {alive}"

@@ -15,6 +15,7 @@ import pytest
 from ipybox import CodeExecutionError, CodeExecutor
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
+from tests.conftest import command_line
 from tests.sandbox_support import require_sandbox
 
 pytestmark = pytest.mark.slow
@@ -141,7 +142,7 @@ async def test_a_sandboxed_kernel_that_defends_itself_ends_with_its_killed_gatew
         assert gateway.pid is not None
         process = psutil.Process(gateway.pid)
         descendants = process.children(recursive=True)
-        names = [" ".join(proc.cmdline()) for proc in descendants]
+        names = [command_line(proc) for proc in descendants]
         listing = "\n".join(name[:100] for name in names)
         assert any("ipykernel_launcher" in name for name in names), listing
         assert "sleep 100001" in names, listing

@@ -323,10 +323,11 @@ print(add.run(add.Params(a=20, b=22)).sum)
 
 
 async def test_a_cell_that_never_takes_its_results_cannot_have_more_calls_in_flight_than_the_limit(
-    executor: CodeExecutor,
+    workdir: Path,
 ) -> None:
     # The cell writes its own requests of 100 calls each and never acknowledges a result: the
-    # application keeps each (here: rejected) result for it, and counts it as in flight.
+    # application keeps each (here: rejected) result for it, and counts it as in flight. An
+    # executor of its own: calls of another test's cells, still running, would count too.
     code = f"""
 import json
 def request(n):
@@ -336,11 +337,12 @@ for n in range(3):
     reply = json.loads(input(request(n)))
 print(reply["error"])
 """
-    requests, text = await run(executor, code, decide=False)
-    assert text is not None and f"200 tool calls in flight, and at most {MAX_CALLS_IN_FLIGHT}" in text
-    assert len(requests) <= 200
-    after = "from mcptools.demo import echo\nprint(echo.run(echo.Params(text='after')))"
-    assert (await run(executor, after))[1] == "after"
+    async with CodeExecutor(tool_channel="stdin") as executor:
+        requests, text = await run(executor, code, decide=False)
+        assert text is not None and f"200 tool calls in flight, and at most {MAX_CALLS_IN_FLIGHT}" in text
+        assert len(requests) <= 200
+        after = "from mcptools.demo import echo\nprint(echo.run(echo.Params(text='after')))"
+        assert (await run(executor, after))[1] == "after"
 
 
 @pytest.mark.slow

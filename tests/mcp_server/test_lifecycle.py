@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.conftest import DEMO_SERVER
+from tests.conftest import DEMO_SERVER, command_line
 from tests.mcp_server.support import wait_until
 
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def _start_busy_server(workspace: Path, module: str = "ipybox") -> tuple[subproc
         response = _receive(process, request_id)
         assert not response["result"].get("isError"), response
     tree = {child.pid for child in psutil.Process(process.pid).children(recursive=True)}
-    names = " ".join(" ".join(psutil.Process(pid).cmdline()) for pid in tree)
+    names = " ".join(command_line(pid) for pid in tree)
     assert "ipykernel" in names and "ipybox.gateway._main" in names and "demo_server" in names
     return process, tree | {process.pid}
 

@@ -327,6 +327,9 @@ async def _serve_http(transport: str, host: str, port: int) -> None:
         app, path = mcp.streamable_http_app(host=host), "/mcp"
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # A test that restarts the server on its port keeps the port bound meanwhile (with this
+    # option too), so that no other process can take it while the server is down.
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.listen(128)
     bound_port = sock.getsockname()[1]

@@ -104,7 +104,7 @@ async def test_a_client_that_disconnects_fails_its_pending_requests(
     await client.connect()
     runner = ToolRunner("demo", demo_params, port=approval_server.port)
     call = asyncio.create_task(runner.run("echo", {"text": "x"}))
-    await asyncio.wait_for(asked.wait(), 5)
+    await asked.wait()  # pytest-timeout bounds it: the MCP server starts before anyone is asked
     await client.disconnect()
     with pytest.raises(ToolRunnerError) as info:
         await call
@@ -175,7 +175,7 @@ async def test_join_waits_for_the_client_to_go(approval_server: ToolServer) -> N
         await channel.join(timeout=0.1)
     assert channel.open
     await client.disconnect()
-    await channel.join(timeout=5)
+    await channel.join(timeout=60)
     assert not channel.open
 
 

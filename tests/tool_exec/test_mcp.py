@@ -209,7 +209,7 @@ async def test_close_stops_the_server_with_its_whole_process_tree(tmp_path: Path
     await session.close()
     await session.close()  # idempotent
     assert not pid_alive(server_pid["result"])
-    assert await wait_until(lambda: not pid_alive(child_pid), timeout=5)
+    assert await wait_until(lambda: not pid_alive(child_pid))
     assert descendants() <= before
 
 
@@ -221,7 +221,7 @@ async def test_connect_timeout_is_honoured_for_a_server_that_never_answers() -> 
     with pytest.raises(MCPServerError) as info:
         await session.start()
     assert "'silent' did not answer within 0.5 s" in str(info.value)
-    assert await wait_until(lambda: descendants() <= before, timeout=5)
+    assert await wait_until(lambda: descendants() <= before)
 
 
 async def test_connect_timeout_is_honoured_for_an_http_server_that_never_answers() -> None:

@@ -136,12 +136,12 @@ async def test_reset_closes_sessions_and_they_restart_lazily(
     first = await runner.run("pid", {})
     assert isinstance(first, dict)
     await runner.reset()
-    assert await wait_until(lambda: not pid_alive(first["result"]), timeout=5)
+    assert await wait_until(lambda: not pid_alive(first["result"]))
     second = await asyncio.to_thread(runner.run_sync, "pid", {})
     assert isinstance(second, dict)
     assert second["result"] != first["result"]
     await asyncio.to_thread(runner.reset_sync)
-    assert await wait_until(lambda: not pid_alive(second["result"]), timeout=5)
+    assert await wait_until(lambda: not pid_alive(second["result"]))
 
 
 async def test_calls_to_different_servers_run_concurrently(

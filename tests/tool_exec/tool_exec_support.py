@@ -22,8 +22,11 @@ def descendants() -> set[int]:
     return pids
 
 
-async def wait_until(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> bool:
-    """Poll a cheap condition under a deadline (for process-table checks, which have no event)."""
+async def wait_until(predicate: Any, timeout: float = 60.0, interval: float = 0.02) -> bool:
+    """Poll a cheap condition under a deadline (for process-table checks, which have no event).
+
+    The deadline is a backstop for a condition that never comes, not a measure of speed: a loaded
+    machine may take seconds to reap a process."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
