@@ -7,7 +7,8 @@ public paths the API reference names (``ipybox.code_exec``, ``ipybox.kernel_mgr.
 
 - ``_executor``: `CodeExecutor`, which composes the parts below.
 - ``_gateway``: starts and stops the kernel gateway process; ``_sandbox``: its srt settings.
-- ``_kernel_client``: talks to one kernel through the gateway (REST and WebSocket).
+- ``_kernel_client``: talks to one kernel through the gateway (REST and WebSocket); its kernels
+  come from ``_kernel_supply`` (opened by ``_kernel_open``, their stdin answered by ``_kernel_stdin``).
 - ``_tool_server``: runs tool calls from the kernel; ``_registry`` (trusted servers),
   ``_params`` (their parameters), ``_mcp`` (MCP sessions), ``_oauth`` (OAuth logins of HTTP
   servers), ``_shell`` (``!cmd`` of a walled kernel).

@@ -16,7 +16,8 @@ from pathlib import Path
 import httpx2
 
 from ipybox.app._gateway import KernelGateway
-from ipybox.app._kernel_client import KernelClient, StdinHandler
+from ipybox.app._kernel_client import KernelClient
+from ipybox.app._kernel_stdin import StdinHandler
 from ipybox.app._settings import ExecutorSettings
 from ipybox.app._shell import KernelConfinement
 from ipybox.errors import ExecutionError, KernelConnectionError

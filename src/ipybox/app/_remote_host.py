@@ -32,7 +32,8 @@ import websockets
 
 from ipybox._wire import ToolServerEnv
 from ipybox.app._gateway import KernelGateway
-from ipybox.app._kernel_client import KernelClient, StdinHandler
+from ipybox.app._kernel_client import KernelClient
+from ipybox.app._kernel_stdin import StdinHandler
 from ipybox.app._settings import ExecutorSettings
 from ipybox.app._shell import KernelConfinement
 from ipybox.errors import ExecutionError, KernelConnectionError

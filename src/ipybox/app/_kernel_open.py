@@ -1,0 +1,88 @@
+"""Runs in the application. Opening a kernel on a Kernel Gateway: the REST request that creates
+it and the channels WebSocket to it, with its router of messages started."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+import httpx2
+import websockets
+from websockets.asyncio.client import ClientConnection
+
+from ipybox.app._kernel_wire import MAX_MESSAGE_SIZE, WS_PROTOCOL, KernelChannels, RemoteChannels
+from ipybox.errors import KernelConnectionError
+
+__all__ = ["OPEN_TIMEOUT", "open_kernel"]
+
+# The channels handshake completes only once the new kernel answers; on a busy machine
+# a kernel can take longer to boot than the WebSocket library's 10 s default.
+OPEN_TIMEOUT = 60.0
+
+
+async def open_kernel(
+    http: httpx2.AsyncClient,
+    base_url: str,
+    headers: dict[str, str],
+    ping_interval: float,
+    env: dict[str, str] | None = None,
+    *,
+    kernel_name: str | None = None,
+    open_timeout: float | None = OPEN_TIMEOUT,
+    remote: bool = False,
+) -> KernelChannels:
+    """Create a kernel on the gateway at `base_url` (with `env` for the variables the gateway lets
+    a request set, from `kernel_name`'s spec) and open its channels; returns once the kernel answers.
+    `remote`: the gateway is elsewhere (see `RemoteChannels`).
+
+    Raises:
+        KernelConnectionError: If the gateway refused or did not answer.
+    """
+    # Sending "env" makes the gateway give the kernel only PATH plus the variables
+    # the KernelGateway whitelisted, never the gateway's whole environment.
+    body: dict[str, Any] = {"env": env or {}}
+    if kernel_name is not None:
+        body["name"] = kernel_name
+    try:
+        response = await http.post("/api/kernels", json=body)
+    except httpx2.HTTPError as exc:
+        raise KernelConnectionError(
+            f"No kernel could be created: the gateway at {base_url} did not answer ({exc!r})."
+        ) from exc
+    if response.status_code in (401, 403):
+        raise KernelConnectionError(
+            f"The gateway at {base_url} refused the credentials (HTTP {response.status_code}); "
+            "check its token (kernel_gateway_token)."
+        )
+    if response.status_code != 201:
+        raise KernelConnectionError(
+            f"The gateway refused to create a kernel (HTTP {response.status_code}): {response.text}"
+        )
+    kernel_id = response.json()["id"]
+    session = uuid.uuid4().hex
+    ws_base = "ws" + base_url.removeprefix("http")  # http -> ws, https -> wss
+    try:
+        ws = await websockets.connect(
+            f"{ws_base}/api/kernels/{kernel_id}/channels?session_id={session}",
+            max_size=MAX_MESSAGE_SIZE,
+            ping_interval=ping_interval,
+            compression=None,
+            open_timeout=open_timeout,
+            additional_headers=headers,
+            subprotocols=[WS_PROTOCOL],  # type: ignore[list-item]  # a plain str is a valid subprotocol
+        )
+    except BaseException:
+        # Broad: cleanup on the way out of a failure that is re-raised.
+        with contextlib.suppress(Exception):
+            await http.delete(f"/api/kernels/{kernel_id}")
+        raise
+    # A gateway on Jupyter Server 1 (Enterprise Gateway 3.3) speaks only plain JSON.
+    json_protocol = ws.subprotocol != WS_PROTOCOL
+    channels: ClientConnection | RemoteChannels = ws
+    if remote or json_protocol:
+        channels = RemoteChannels(ws, json_protocol=json_protocol)
+    kernel = KernelChannels(id=kernel_id, ws=channels, session=session)
+    kernel.receiver = asyncio.create_task(kernel.receive())
+    return kernel
