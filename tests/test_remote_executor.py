@@ -433,6 +433,20 @@ async def test_a_kernel_that_never_starts_ends_in_a_bounded_wait_and_leaves_no_k
 
 
 @pytest.mark.slow
+async def test_a_spare_kernel_given_up_while_the_gateway_makes_it_is_deleted(gateway: RemoteGateway) -> None:
+    # The spare's start begins after the first execution; stopping at once gives it up while the
+    # gateway still makes it. The gateway finishes the kernel anyway: stop() must delete it.
+    before = {kernel["id"] for kernel in await kernels_on(gateway)}
+    for _ in range(3):
+        async with remote(gateway) as executor:
+            assert (await executor.execute("print(1)")).text == "1"
+    # A last executor's whole life gives any kernel still being made time to be listed.
+    async with remote(gateway, spare_kernel=False) as executor:
+        assert (await executor.execute("print(2)")).text == "2"
+    assert {kernel["id"] for kernel in await kernels_on(gateway)} <= before
+
+
+@pytest.mark.slow
 async def test_an_unknown_kernel_name_or_a_wrong_token_is_a_clear_error(gateway: RemoteGateway) -> None:
     with pytest.raises(KernelConnectionError, match="refused to create a kernel"):
         await remote(gateway, kernel_name="no-such-kernel").start()

@@ -16,15 +16,13 @@ from typing import Any, NoReturn, Self
 import httpx2
 import websockets
 
-from ipybox.app._kernel_open import open_kernel
 from ipybox.app._kernel_output import DEFAULT_MAX_OUTPUT_CHARS, ExecutionResult, KeptText, Outcome
 from ipybox.app._kernel_stdin import StdinHandler
 from ipybox.app._kernel_supply import KernelSupply
 from ipybox.app._kernel_wire import KernelChannels, execute_request
 from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError, KernelStartTimeoutError
 
-# `open_kernel` stays importable here for `_pool.py` until it imports it from `_kernel_open`.
-__all__ = ["ExecutionError", "ExecutionResult", "KernelClient", "open_kernel"]
+__all__ = ["ExecutionError", "ExecutionResult", "KernelClient"]
 
 _INTERRUPT_GRACE = 5.0
 

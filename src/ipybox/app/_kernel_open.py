@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from typing import Any
 
@@ -16,6 +17,8 @@ from ipybox.app._kernel_wire import MAX_MESSAGE_SIZE, WS_PROTOCOL, KernelChannel
 from ipybox.errors import KernelConnectionError
 
 __all__ = ["OPEN_TIMEOUT", "open_kernel"]
+
+logger = logging.getLogger("ipybox.kernel_mgr.client")
 
 # The channels handshake completes only once the new kernel answers; on a busy machine
 # a kernel can take longer to boot than the WebSocket library's 10 s default.
@@ -32,10 +35,13 @@ async def open_kernel(
     kernel_name: str | None = None,
     open_timeout: float | None = OPEN_TIMEOUT,
     remote: bool = False,
+    cleanups: set[asyncio.Task[None]] | None = None,
 ) -> KernelChannels:
     """Create a kernel on the gateway at `base_url` (with `env` for the variables the gateway lets
     a request set, from `kernel_name`'s spec) and open its channels; returns once the kernel answers.
-    `remote`: the gateway is elsewhere (see `RemoteChannels`).
+    `remote`: the gateway is elsewhere (see `RemoteChannels`). `cleanups`: where the task goes that
+    deletes the kernel of a request cancelled midway, for the caller to wait on before it closes
+    `http`; without it the request is cancelled too (a caller that stops the gateway next).
 
     Raises:
         KernelConnectionError: If the gateway refused or did not answer.
@@ -45,12 +51,23 @@ async def open_kernel(
     body: dict[str, Any] = {"env": env or {}}
     if kernel_name is not None:
         body["name"] = kernel_name
+    create = asyncio.ensure_future(http.post("/api/kernels", json=body))
     try:
-        response = await http.post("/api/kernels", json=body)
+        response = await asyncio.shield(create)
     except httpx2.HTTPError as exc:
         raise KernelConnectionError(
             f"No kernel could be created: the gateway at {base_url} did not answer ({exc!r})."
         ) from exc
+    except asyncio.CancelledError:
+        # Cancelled mid-request (a start timeout, a spare given up): the gateway makes the kernel
+        # whether or not anyone reads its answer, so the request runs on and the kernel goes.
+        if cleanups is None:
+            create.cancel()
+        else:
+            task = asyncio.create_task(_delete_created(http, create))
+            cleanups.add(task)
+            task.add_done_callback(cleanups.discard)
+        raise
     if response.status_code in (401, 403):
         raise KernelConnectionError(
             f"The gateway at {base_url} refused the credentials (HTTP {response.status_code}); "
@@ -86,3 +103,13 @@ async def open_kernel(
     kernel = KernelChannels(id=kernel_id, ws=channels, session=session)
     kernel.receiver = asyncio.create_task(kernel.receive())
     return kernel
+
+
+async def _delete_created(http: httpx2.AsyncClient, create: asyncio.Future[httpx2.Response]) -> None:
+    """Delete the kernel the request `create` makes, once the gateway answers it."""
+    try:
+        response = await create
+        if response.status_code == 201:
+            await http.delete(f"/api/kernels/{response.json()['id']}")
+    except Exception:  # broad: best-effort clean-up for an open that was given up; nobody waits on it
+        logger.warning("A kernel whose start was given up may be left on the gateway.", exc_info=True)

@@ -211,6 +211,8 @@ class KernelSupply:
                 # With a start timeout, that bounds the handshake too.
                 open_timeout=None if self._start_timeout is not None else OPEN_TIMEOUT,
                 remote=self._remote,
+                # `shut()` waits for a given-up start's kernel to be deleted, as for closing ones.
+                cleanups=self._closing,
             )
         if self._answerer is not None:
             # Set before anything is awaited: the kernel sends nothing on stdin before an

@@ -32,7 +32,7 @@ from ipybox._wire import ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._audit import default_audit_path
 from ipybox.app._gateway import KernelGateway
-from ipybox.app._kernel_client import open_kernel
+from ipybox.app._kernel_open import open_kernel
 from ipybox.app._kernel_wire import KernelChannels
 from ipybox.app._pool_kernel import WARM_UP, PoolKernel, hand_out, make_folder, run_hidden
 from ipybox.app._pool_places import Place, PoolPlaces
