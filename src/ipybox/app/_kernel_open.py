@@ -111,5 +111,8 @@ async def _delete_created(http: httpx2.AsyncClient, create: asyncio.Future[httpx
         response = await create
         if response.status_code == 201:
             await http.delete(f"/api/kernels/{response.json()['id']}")
+    except asyncio.CancelledError:
+        create.cancel()  # given up too (the gateway is stopped next, its kernels with it)
+        raise
     except Exception:  # broad: best-effort clean-up for an open that was given up; nobody waits on it
         logger.warning("A kernel whose start was given up may be left on the gateway.", exc_info=True)
