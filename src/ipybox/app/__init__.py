@@ -6,7 +6,8 @@ public paths the API reference names (``ipybox.code_exec``, ``ipybox.kernel_mgr.
 ``ipybox.tool_exec.server``, ``ipybox.tool_exec.approval.*``, ``ipybox.mcp_apigen``).
 
 - ``_executor``: `CodeExecutor`, which composes the parts below; ``_executor_cells`` runs its cells.
-- ``_gateway``: starts and stops the kernel gateway process; ``_sandbox``: its srt settings.
+- ``_gateway``: starts and stops the kernel gateway process (``_gateway_process``: the process
+  itself); ``_sandbox``: its srt settings.
 - ``_kernel_client``: talks to one kernel through the gateway (REST and WebSocket).
 - ``_tool_server``: runs tool calls from the kernel; ``_registry`` (trusted servers),
   ``_params`` (their parameters), ``_mcp`` (MCP sessions), ``_oauth`` (OAuth logins of HTTP
