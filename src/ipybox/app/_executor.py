@@ -1,27 +1,28 @@
-"""`CodeExecutor`: kernel, tool server and approval composed into one SDK object."""
+"""`CodeExecutor`: kernel, tool server and approval composed into one SDK object.
+
+Application side only. This module holds its arguments and its lifecycle (`start`, `stop`,
+`reset`, `upload`); running cells (`execute`, `stream`, `cancel`) is its base `_Cells`
+(``_executor_cells.py``).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
-import sys
-from collections.abc import AsyncGenerator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-import anyio
-
 from ipybox._wire import StdinChannel, ToolServerEnv
 from ipybox.app import _sandbox
-from ipybox.app._approval_client import ApprovalClient, ApprovalRequest
-from ipybox.app._kernel_client import ExecutionResult
+from ipybox.app._approval_client import ApprovalClient
+from ipybox.app._executor_cells import _Cells, _Item
 from ipybox.app._kernel_host import KernelHost
 from ipybox.app._oversight import Oversight
 from ipybox.app._policy import Policy
-from ipybox.app._pool import KernelPool, PooledKernels
+from ipybox.app._pool import KernelPool
+from ipybox.app._pooled_kernels import PooledKernels
 from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.app._remote_host import RemoteKernelHost
 from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
@@ -29,20 +30,13 @@ from ipybox.app._settings import ExecutorSettings
 from ipybox.app._stdin_tools import StdinToolCalls
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 from ipybox.errors import (
-    ApprovalError,
     CodeExecutionError,
-    ExecutionError,
-    KernelConnectionError,
-    KernelDiedError,
 )
 
 __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
 
 
-_Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
-
-
-class CodeExecutor:
+class CodeExecutor(_Cells):
     """Runs Python in a stateful IPython kernel, with MCP tool calls approved by the application.
 
     `start()` launches a tool server and a Jupyter Kernel Gateway and connects a kernel.
@@ -423,146 +417,6 @@ class CodeExecutor:
                 if isinstance(outcome, BaseException):
                     raise outcome
 
-    async def cancel(self) -> None:
-        """Interrupt the running execution, if any, from another task.
-
-        The interrupted `stream()` or `execute()` raises `CodeExecutionError` with
-        ``ename == "KeyboardInterrupt"``; the kernel keeps its state.
-
-        Raises:
-            RuntimeError: If the executor is not started.
-        """
-        kernels, _ = self._require_started()
-        runner = self._runner
-        if self._lock.locked() and runner is not None and not runner.done():
-            # Sent once the kernel has started the code, however long that takes, unless the
-            # execution ends first.
-            await kernels.client.interrupt(wait_until_started=True, ended=runner)
-
-    async def execute(self, code: str, timeout: float = 120) -> CodeExecutionResult:
-        """Run code, approving every tool call it makes, and return the result.
-
-        Args:
-            code: Python code; top-level ``await`` works.
-            timeout: Seconds the whole execution may take.
-
-        Returns:
-            The complete output text and images.
-
-        Raises:
-            CodeExecutionError: If the code raised, including a failed tool call.
-            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
-                its state and the executor stays usable.
-            RuntimeError: If the executor is not started.
-        """
-        async with contextlib.aclosing(self.stream(code, timeout=timeout)) as items:
-            async for item in items:
-                if isinstance(item, ApprovalRequest):
-                    await item.accept()
-                elif isinstance(item, CodeExecutionResult):
-                    return item
-        raise AssertionError("stream() always ends with a CodeExecutionResult")  # pragma: no cover
-
-    async def stream(
-        self, code: str, timeout: float = 120, chunks: bool = False
-    ) -> AsyncGenerator[_Item, None]:
-        """Run code, yielding approval requests, output chunks and the final result.
-
-        Every tool call the code makes is yielded as an `ApprovalRequest`, and waits until
-        it is accepted or rejected (or `approval_timeout` passes). A rejected call raises
-        inside the kernel. A second `stream()` on the same executor waits for the first.
-
-        Args:
-            code: Python code; top-level ``await`` works.
-            timeout: Seconds the whole execution may take, approval waits included.
-            chunks: Also yield `CodeExecutionChunk` items as output arrives.
-
-        Yields:
-            `ApprovalRequest` and (with ``chunks=True``) `CodeExecutionChunk` items, then
-            one `CodeExecutionResult`.
-
-        Raises:
-            CodeExecutionError: If the code raised, a tool call was rejected or failed, or
-                the kernel died (it is replaced by a fresh one; state is lost).
-            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
-                its state and the executor stays usable.
-            RuntimeError: If the executor is not started.
-        """
-        kernels, _ = self._require_started()
-        async with self._lock:
-            kernel = kernels.client
-            cell_span = self._oversight.start_cell(code)
-            items: asyncio.Queue[_Item | None] = asyncio.Queue()  # None ends the stream
-            self._requests = items
-            runner = asyncio.create_task(
-                self._run(kernel.stream(code, timeout=timeout), kernels, chunks, items)
-            )
-            self._runner = runner
-            handed: list[ApprovalRequest] = []
-            try:
-                while (item := await items.get()) is not None:
-                    if isinstance(item, ApprovalRequest):
-                        # Only undecided requests are kept (a request holds its arguments): a
-                        # cell making many calls does not keep them all until it ends.
-                        handed = [request for request in handed if not request.decided]
-                        handed.append(item)
-                    yield item
-                await runner
-            finally:
-                self._requests = None
-                # Nobody is left to decide on calls still waiting, whether handed out or not:
-                # refuse them now, so that a decision arriving later runs nothing.
-                while not items.empty():
-                    if isinstance(pending := items.get_nowait(), ApprovalRequest):
-                        handed.append(pending)
-                # Shielded: a caller cancelled through an anyio scope (an MCP client's cancel)
-                # is cancelled again at every await, which would skip the interrupt.
-                with anyio.CancelScope(shield=True):
-                    for request in handed:
-                        if not request.decided:
-                            with contextlib.suppress(ApprovalError):
-                                await request._abandon()
-                    if not runner.done():
-                        runner.cancel()
-                        await asyncio.wait({runner})
-                        with contextlib.suppress(KernelConnectionError):
-                            await kernel.interrupt()
-                    self._oversight.end_cell(cell_span, sys.exc_info()[1])
-
-    async def _run(
-        self,
-        outputs: AsyncGenerator[str | ExecutionResult, None],
-        kernels: KernelHost | PooledKernels | RemoteKernelHost,
-        chunks: bool,
-        items: asyncio.Queue[_Item | None],
-    ) -> None:
-        try:
-            async for item in outputs:
-                if isinstance(item, ExecutionResult):
-                    items.put_nowait(CodeExecutionResult(text=item.text, images=item.images))
-                elif chunks:
-                    items.put_nowait(CodeExecutionChunk(text=item))
-        except KernelDiedError as exc:
-            message = await kernels.recover()
-            if exc.ename == "KernelOutputTooLarge":
-                message = f"{exc.evalue} {message}"
-            raise CodeExecutionError(
-                message, ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
-            ) from exc
-        except ExecutionError as exc:
-            raise CodeExecutionError(
-                str(exc), ename=exc.ename, evalue=exc.evalue, traceback=exc.traceback
-            ) from exc
-        finally:
-            items.put_nowait(None)
-
-    async def _on_approval_request(self, request: ApprovalRequest) -> None:
-        if self._requests is None:
-            # No execution is running (e.g. a thread the code left behind): nobody can decide.
-            await request.reject()
-        else:
-            self._requests.put_nowait(request)
-
     async def upload(self, source: Path | str, dest: str | None = None) -> str:
         """Put a file or folder into a remote kernel's working directory (`kernel_gateway_url`).
 
@@ -599,8 +453,3 @@ class CodeExecutor:
             )
         async with self._lock:
             return await kernels.upload(Path(source), dest)
-
-    def _require_started(self) -> tuple[KernelHost | PooledKernels | RemoteKernelHost, ToolServer]:
-        if self._kernels is None or self._tool_server is None:
-            raise RuntimeError("The code executor is not started; call start() or use 'async with'.")
-        return self._kernels, self._tool_server

@@ -1,4 +1,10 @@
-"""Run a Jupyter Kernel Gateway as a child process."""
+"""Run a Jupyter Kernel Gateway as a child process.
+
+Application side only. `KernelGateway` owns what the gateway process is given (its port, command
+line, environment, kernel spec and, sandboxed, srt's settings and the runner of approved shell
+commands) and its private folder; the process itself, its output and its stop are a
+`GatewayProcess` (``_gateway_process.py``), one for each start.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +16,15 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-import httpx2
-import psutil
-
-from ipybox._infra import OwnPipes, kill_tree, listen, running, spawn_with_own_pipes
+from ipybox._infra import listen
 from ipybox._wire import GatewayEnv, KernelEnv
 from ipybox.app import _sandbox
-from ipybox.app._kernel_spec import KERNEL_NAME, SandboxSetup, write_kernel_spec, write_sandbox_settings
+from ipybox.app._gateway_process import GatewayProcess, gateway_command
+from ipybox.app._kernel_spec import SandboxSetup, write_kernel_spec, write_sandbox_settings
 from ipybox.app._registry import default_registry_path
 from ipybox.app._shell import KernelConfinement, ShellRunner
 from ipybox.errors import GatewayError, SandboxUnavailableError
@@ -138,11 +141,8 @@ class KernelGateway:
                 "processes outside the sandbox) would load code from them. Set them inside the kernel "
                 "instead (os.environ in a cell)."
             )
-        self._process: asyncio.subprocess.Process | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self._pipes: OwnPipes | None = None
+        self._child: GatewayProcess | None = None
         self._log_tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL_LINES)
-        self._announced = asyncio.Event()
         self._jupyter_dir: Path | None = None
         self._srt = ""
         self._sandbox_config: dict[str, Any] | None = None
@@ -163,19 +163,14 @@ class KernelGateway:
         Its kernels (and what they start) are its descendants: a caller that watches or accounts
         for the processes of its sandbox starts from here.
         """
-        process = self._process
-        return None if process is None else process.pid
+        child = self._child
+        return None if child is None else child.process.pid
 
     @property
     def running(self) -> bool:
         """Whether the gateway process is alive (one that exited but is not reaped yet is not)."""
-        process = self._process
-        if process is None or process.returncode is not None:
-            return False
-        try:
-            return running(psutil.Process(process.pid))
-        except psutil.Error:
-            return False
+        child = self._child
+        return child is not None and child.running
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -202,7 +197,7 @@ class KernelGateway:
                 installed on this machine. The kernel never runs unsandboxed instead.
             ValueError: If `working_dir` is not an existing folder.
         """
-        if self._process is not None:
+        if self._child is not None:
             raise GatewayError("The kernel gateway is already running; call stop() before start().")
         if not self.working_dir.is_dir():
             # Unchecked, a kernel started in the gateway's private folder instead, and a sandboxed
@@ -254,7 +249,6 @@ class KernelGateway:
 
     async def _start(self, timeout: float) -> None:
         self._log_tail.clear()
-        self._announced = asyncio.Event()
         where = _sandbox.private_base() if self.sandbox else None
         if self.sandbox:
             _sandbox.sweep()
@@ -281,8 +275,12 @@ class KernelGateway:
             self._confined = write_kernel_spec(
                 self._jupyter_dir, env=self.env, limits=self._limits, sandbox=sandboxing
             )
-            self._process, self._pipes = await spawn_with_own_pipes(
-                self._command(), self._gateway_env(), start_dir
+            child = await GatewayProcess.spawn(
+                gateway_command(self.host, self.port, self.log_level, self.sandbox),
+                self._gateway_env(),
+                start_dir,
+                self._log_tail,
+                self.log_to_stderr,
             )
         except BaseException:
             if self.sandbox:
@@ -290,7 +288,7 @@ class KernelGateway:
             shutil.rmtree(self._jupyter_dir, ignore_errors=True)
             self._jupyter_dir = None
             raise
-        self._reader = asyncio.create_task(self._read_output(self._pipes.output))
+        self._child = child
         jupyter_dir = self._jupyter_dir
         # A sandbox that cannot start is found while the gateway starts, not by a kernel that never answers.
         check = (
@@ -301,7 +299,7 @@ class KernelGateway:
             else None
         )
         try:
-            await self._wait_ready(timeout)
+            await child.wait_ready(self.host, self.port, self.auth_token, timeout)
             if check is not None:
                 await check
         except BaseException:
@@ -329,11 +327,11 @@ class KernelGateway:
             self._limits.cleanup()
 
     async def _stop_process(self, timeout: float) -> None:
-        process, self._process = self._process, None
-        if process is None:
+        child, self._child = self._child, None
+        if child is None:
             return
         try:
-            await asyncio.shield(_terminate_tree(process, timeout))
+            await asyncio.shield(child.terminate(timeout))
         finally:
             if self._jupyter_dir is not None:
                 if self.sandbox:
@@ -341,42 +339,12 @@ class KernelGateway:
                     _sandbox.remove_placeholders(self._jupyter_dir)
                 shutil.rmtree(self._jupyter_dir, ignore_errors=True)
                 self._jupyter_dir = None
-            if self._reader is not None:
-                # The pipe closes with the process; the reader then ends by itself.
-                await asyncio.wait({self._reader}, timeout=1)
-                self._reader.cancel()
-                self._reader = None
-            if self._pipes is not None:
-                self._pipes.close()
-                self._pipes = None
+            await child.close()
 
     async def join(self) -> None:
         """Wait until the gateway process exits."""
-        if self._process is not None:
-            await self._process.wait()
-
-    def _command(self) -> list[str]:
-        return [
-            sys.executable,
-            # Isolated: the working directory, which kernel code can write, is not on sys.path
-            # and PYTHON* variables (e.g. a PYTHONPATH meant for kernels) are ignored; unbuffered
-            # so that its log lines arrive as written.
-            "-I",
-            "-u",
-            "-m",
-            "ipybox.gateway._main",
-            f"--KernelGatewayApp.ip={self.host}",
-            f"--KernelGatewayApp.port={self.port}",
-            "--KernelGatewayApp.port_retries=0",
-            f"--KernelGatewayApp.log_level={self.log_level}",
-            f"--KernelGatewayApp.default_kernel_name={KERNEL_NAME}",
-            "--KernelManager.transport_encryption=auto",
-            # Agents read all output; the notebook's output throttling would drop some.
-            "--ZMQChannelsWebsocketConnection.limit_rate=False",
-            # A sandboxed kernel has no network namespace of its own to share: Unix sockets in
-            # its own folder, the one private folder bound into its sandbox, reach it.
-            *(["--KernelManager.transport=ipc"] if self.sandbox else []),
-        ]
+        if self._child is not None:
+            await self._child.process.wait()
 
     @property
     def confinement(self) -> KernelConfinement:
@@ -482,53 +450,6 @@ class KernelGateway:
             env["KG_AUTH_TOKEN"] = self.auth_token  # in the environment: argv is world-readable
         return env
 
-    async def _read_output(self, output: asyncio.StreamReader) -> None:
-        async for raw in output:
-            line = raw.decode(errors="replace").rstrip()
-            self._log_tail.append(line)
-            if "is available at" in line:
-                self._announced.set()
-            if self.log_to_stderr:
-                print(line, file=sys.stderr, flush=True)
-
-    def _failure(self, what: str) -> GatewayError:
-        tail = "\n".join(self._log_tail) or "(no output)"
-        return GatewayError(f"{what}\nLast lines of the gateway's output:\n{tail}")
-
-    async def _wait_ready(self, timeout: float) -> None:
-        process = self._process
-        assert process is not None
-        deadline = time.monotonic() + timeout
-        headers = {"Authorization": f"token {self.auth_token}"} if self.auth_token else {}
-        async with httpx2.AsyncClient(timeout=1.0, headers=headers) as http:
-            while True:
-                if process.returncode is not None or (self._reader is not None and self._reader.done()):
-                    # Broad: the gateway is already gone; its exit code and output are read below.
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(process.wait(), 2)
-                    if self._reader is not None:
-                        # Broad: as above; the output read so far is what the error shows.
-                        with contextlib.suppress(Exception):
-                            await asyncio.wait_for(self._reader, 1)
-                    raise self._failure(
-                        f"The kernel gateway exited during start (exit code {process.returncode}) "
-                        f"on {self.host}:{self.port}; if the port is in use, choose another or pass port=None."
-                    )
-                try:
-                    response = await http.get(f"{self.url}/api")
-                    if response.status_code == 200:
-                        return
-                except httpx2.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise self._failure(
-                        f"The kernel gateway did not answer on {self.url} within {timeout:g} s."
-                    )
-                # The gateway logs a line once it listens; until then, re-check now and then
-                # in case its log level hides that line.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._announced.wait(), 0.25)
-
 
 def gateway_log_level(level: str) -> str:
     """Translate a Python logging level name to the gateway's spelling of it."""
@@ -544,11 +465,3 @@ _GATEWAY_ENV_KEYS = frozenset(
 # Variables that make the gateway or srt (outside the sandbox) load code.
 _LOADER_ENV_PREFIXES = ("LD_", "DYLD_")
 _LOADER_ENV_KEYS = frozenset({"NODE_OPTIONS", "NODE_PATH", "BASH_ENV"})
-
-
-async def _terminate_tree(process: asyncio.subprocess.Process, timeout: float) -> None:
-    """Terminate `process` and all its descendants; kill what outlives `timeout`."""
-    # Kernels are terminated together with the gateway rather than left to its own shutdown,
-    # which waits for each kernel in turn. The gateway is our child: asyncio reaps it.
-    await kill_tree(process.pid, timeout)
-    await process.wait()

@@ -2,8 +2,9 @@
 
 Each MCP server connection is an :class:`MCPSession` whose MCP SDK ``Client`` is entered and
 exited by one long-lived owner task, so no anyio scope of the connection is ever left by
-another task. Its parameters are resolved beforehand by :mod:`ipybox.app._params`.
-This module is never imported inside a kernel.
+another task. Its parameters are resolved beforehand by :mod:`ipybox.app._params`; its
+transports are ``_mcp_stdio.py`` and ``_mcp_transport.py``, the wording of its failures
+``_mcp_errors.py``. This module is never imported inside a kernel.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mcp.types import CallToolResult, TextContent, Tool
 from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
 from ipybox._infra import kill_tree
+from ipybox.app._mcp_errors import _SIZE_HINT, _describe, _find_mcp_error, _gone_error, _what
 from ipybox.app._mcp_stdio import (
     _SESSION_MARKER_ENV,
     _find_process_group,
@@ -38,7 +40,6 @@ from ipybox.app._mcp_stdio import (
     server_environment,
 )
 from ipybox.app._mcp_transport import (
-    _AnswerTooLarge,
     _bounded_client,
     _EnteredTransport,
     _EofWatchingStream,
@@ -262,30 +263,14 @@ class MCPSession:
             | anyio.ClosedResourceError,
         ):
             self._mark_broken()
-            return self._gone_error(tool_name)
+            return _gone_error(
+                self.server_name, tool_name, self._broken, self._end_error, self._restart_hint()
+            )
         return MCPServerError(
             f"{_what(tool_name).capitalize()} on MCP server {self.server_name!r} failed: {_describe(exc)}",
             self.server_name,
             tool_name or None,
         )
-
-    def _gone_error(self, tool_name: str) -> MCPServerError:
-        if self._broken and self._end_error is not None:
-            message = (
-                f"The connection to MCP server {self.server_name!r} failed while {_what(tool_name)} was running: "
-                f"{_describe(self._end_error)}{_size_hint(self._end_error)}; {self._restart_hint()}."
-            )
-        elif self._broken:
-            message = (
-                f"MCP server {self.server_name!r} went away while {_what(tool_name)} was running (it crashed, "
-                f"exited or closed the connection); {self._restart_hint()}."
-            )
-        else:
-            message = (
-                f"The session to MCP server {self.server_name!r} was closed (reset or stop) while "
-                f"{_what(tool_name)} was running."
-            )
-        return MCPServerError(message, self.server_name, tool_name or None)
 
     def _restart_hint(self) -> str:
         if isinstance(self.params, StdioParams):
@@ -441,47 +426,6 @@ class MCPSession:
 def _text(result: CallToolResult) -> str | None:
     texts = [item.text for item in result.content if isinstance(item, TextContent)]
     return "\n".join(texts) if texts else None
-
-
-_SIZE_HINT = " (one MCP message may have up to the tool server's max_result_size plus 1 MiB)"
-
-
-def _size_hint(exc: BaseException) -> str:
-    """`_SIZE_HINT` if the connection ended because an event was refused for its size, else nothing.
-
-    Refused by `_BoundedStream` (an `_AnswerTooLarge` with ``refused``), or by httpx2 inside the
-    SDK's SSE transport, whose event stream has an event size limit of its own (1 MiB): once
-    the stream is open (its content type checked), that limit is the one ``SSEError`` httpx2
-    raises.
-    """
-    if isinstance(exc, BaseExceptionGroup):
-        return _SIZE_HINT if any(_size_hint(inner) for inner in exc.exceptions) else ""
-    if isinstance(exc, _AnswerTooLarge):
-        return _SIZE_HINT if exc.refused is not None else ""
-    return _SIZE_HINT if isinstance(exc, httpx2.SSEError) else ""
-
-
-def _what(tool_name: str) -> str:
-    return f"tool {tool_name!r}" if tool_name else "the tool listing"
-
-
-def _find_mcp_error(exc: BaseException) -> MCPError | None:
-    if isinstance(exc, MCPError):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        for inner in exc.exceptions:
-            found = _find_mcp_error(inner)
-            if found is not None:
-                return found
-    return None
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, BaseExceptionGroup):
-        return "; ".join(_describe(inner) for inner in exc.exceptions)
-    if isinstance(exc, MCPError):
-        return exc.message
-    return str(exc) or type(exc).__name__
 
 
 def _fail(future: asyncio.Future[Any], error: BaseException) -> None:

@@ -43,9 +43,7 @@ from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.app._settings import ExecutorSettings
 from ipybox.app._shell import KernelConfinement
 
-# PooledKernels lives in `_pooled_kernels.py`; it is named here only because `_executor.py`, split
-# on another branch at the same time, still imports it from this module (drop it once that moves).
-__all__ = ["KernelPool", "PooledKernels"]
+__all__ = ["KernelPool"]
 
 _STOP_GRACE = 0.05
 
