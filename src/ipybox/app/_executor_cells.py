@@ -20,7 +20,7 @@ from ipybox.app._approval_client import ApprovalRequest
 from ipybox.app._kernel_client import ExecutionResult
 from ipybox.app._kernel_host import KernelHost
 from ipybox.app._oversight import Oversight
-from ipybox.app._pool import PooledKernels
+from ipybox.app._pooled_kernels import PooledKernels
 from ipybox.app._remote_host import RemoteKernelHost
 from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app._tool_server import ToolServer
