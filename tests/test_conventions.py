@@ -8,6 +8,8 @@
 - Tests wait on events, not on time: a sleep of a fixed time that does not poll a condition under
   a ``while`` carries a comment holding ``sleep:`` saying why the time itself is what the test
   needs; and no test asserts on a duration (speed belongs to ``benchmarks/``).
+- No module of the package is over 500 lines: a longer one is split by what it owns (the
+  README's "Where things live" says what each file holds). Complexity is ruff's ``C901`` (10).
 - In ``src/``, every broad handler (bare ``except:``, ``except Exception``/``BaseException``,
   ``suppress(Exception)``) says in a comment beside it why it must be broad, unless it is clean-up
   that ends in a bare ``raise`` (it swallows nothing); and no handler decides
@@ -299,3 +301,15 @@ def test_every_broad_handler_says_why_and_none_decides_on_message_text() -> None
         found += [f"{where}:{line}: broad handler without a comment saying why" for line in broad]
         found += [f"{where}:{line}: a decision on an exception's message text" for line in decisions]
     assert found == [], "\n".join(found)
+
+
+_MAX_MODULE_LINES = 500
+
+
+def test_no_module_of_the_package_is_over_500_lines() -> None:
+    long = {
+        str(path.relative_to(SRC)): lines
+        for path in sorted(SRC.rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > _MAX_MODULE_LINES
+    }
+    assert long == {}, "split these by what they own, and give each part a row in the README's table"
