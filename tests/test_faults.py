@@ -391,7 +391,8 @@ async def test_an_application_killed_with_sigkill_leaves_no_gateway_or_kernel_be
 
 
 # The kernel hands the gateway's own output pipe (its inherited standard output, which ipykernel
-# keeps on a descriptor of its own) to a program that leaves the kernel's process tree.
+# keeps on a descriptor of its own) to a program that leaves the kernel's process tree, and its
+# process group (a session of its own): a kernel's shutdown may signal its whole group.
 HOLD_GATEWAY_OUTPUT = """
 import os, subprocess
 gateway_output = os.readlink(f"/proc/{os.getppid()}/fd/1")
@@ -400,7 +401,8 @@ held = next(
     if int(fd) > 2 and os.readlink(f"/proc/self/fd/{fd}") == gateway_output
 )
 daemon = subprocess.run(
-    ["sh", "-c", "sleep 600 2>/dev/null & echo $! >&2"], stdout=held, stderr=subprocess.PIPE, check=True
+    ["sh", "-c", "sleep 600 2>/dev/null & echo $! >&2"], stdout=held, stderr=subprocess.PIPE, check=True,
+    start_new_session=True,
 )
 print(gateway_output, int(daemon.stderr))
 """
@@ -419,8 +421,9 @@ async def test_a_program_holding_the_gateways_output_cannot_make_stop_hang(grace
         try:
             async with KernelClient(port=gateway.port) as client:
                 held = await client.execute(HOLD_GATEWAY_OUTPUT)
-            pipe, pid = (held.text or "").split()
-            daemon = psutil.Process(int(pid))
+                pipe, pid = (held.text or "").split()
+                daemon = psutil.Process(int(pid))
+            # The program outlived the kernel, and holds the gateway's output.
             assert os.readlink(f"/proc/{pid}/fd/1") == pipe
             # A bound on a hang, not a timing check: stop() takes well under a second.
             async with asyncio.timeout(60):
