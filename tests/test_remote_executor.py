@@ -10,6 +10,8 @@ Gateway 3.3 (Jupyter Server 1: plain JSON protocol; ipykernel 6).
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import os
 import sys
 from collections.abc import AsyncIterator, Generator, Iterator
@@ -149,9 +151,37 @@ async def test_the_setup_cells_are_hidden_and_the_first_cell_is_in_1(
     assert (await executor.execute(count)).text == "1"
     (tmp_path / "up.txt").write_text("up")
     await executor.upload(tmp_path / "up.txt")
+    assert (await executor.execute(count)).text == "2"  # an upload to the live kernel counts nothing either
     await executor.reset()
     assert (await executor.execute(count)).text == "1"
     assert (await executor.execute("print(open('up.txt').read())")).text == "up"
+
+
+@pytest.mark.slow
+async def test_download_brings_a_file_back_and_refuses_what_the_kernel_forges(executor: CodeExecutor) -> None:
+    await executor.execute("open('small.txt', 'w').write('back')\nimport os\nos.symlink('small.txt', 'link')")
+    assert await executor.download("small.txt") == b"back"
+    for path, refused in [
+        ("missing.txt", "FileNotFoundError"),
+        ("link", "OSError"),
+        (".", "IsADirectoryError"),
+    ]:
+        with pytest.raises(ValueError, match=f"could not read {path!r}: {refused}"):
+            await executor.download(path)
+    with pytest.raises(ValueError, match="over the limit of 2"):
+        await executor.download("small.txt", max_bytes=2)
+    # Attack: code in the kernel changes what the reader sends back.
+    for encoded, refused in [
+        (b"!!!!", "not a piece of a file"),
+        (b"QUJDREVG", "changed while it was read"),  # 6 bytes for a file of 4
+    ]:
+        await executor.execute(
+            f"import base64\n_real = base64.b64encode\nbase64.b64encode = lambda data: {encoded!r}"
+        )
+        with pytest.raises(ValueError, match=refused):
+            await executor.download("small.txt")
+        await executor.execute("base64.b64encode = _real")
+    assert await executor.download("small.txt") == b"back"
 
 
 def test_the_token_is_kept_out_of_the_settings_repr() -> None:
@@ -515,6 +545,43 @@ async def test_the_mcp_server_runs_its_sessions_kernel_on_the_gateway_with_mcpto
         # Each session's kernel works in a folder of its own on the kernel's host.
         where = text_of(await run(client, "import os\nprint(os.getcwd())"))
         assert os.path.dirname(where) == "/tmp/ipybox-sessions", where
+
+
+@pytest.mark.slow
+async def test_the_mcp_servers_file_tools_act_in_the_remote_kernel_and_install_package_says_where_to_install(
+    gateway: RemoteGateway, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "workspace"
+    params = stdio_params(
+        workspace,
+        "--kernel-gateway-url",
+        gateway.url,
+        "--kernel-name",
+        gateway.kernel_name,
+        env=server_env(**{UserEnv.KERNEL_GATEWAY_TOKEN: gateway.token}),
+    )
+    async with connected(params) as client:
+        content = base64.b64encode(b"sent from the client").decode()
+        uploaded = await client.call_tool("upload_file", {"path": "in/data.txt", "content_base64": content})
+        assert not uploaded.is_error, text_of(uploaded)
+        assert text_of(await run(client, "print(open('in/data.txt').read())")) == "sent from the client"
+        # Uploaded files are sent again to a fresh kernel.
+        assert not (await client.call_tool("reset", {})).is_error
+        assert text_of(await run(client, "print(open('in/data.txt').read())")) == "sent from the client"
+        # A file the kernel wrote on its host, over several pieces of the read.
+        wrote = "import hashlib, os\ndata = os.urandom(7 * 1024 * 1024 + 5)\nopen('out.bin', 'wb').write(data)\nprint(hashlib.sha256(data).hexdigest())"
+        digest = text_of(await run(client, wrote))
+        downloaded = await client.call_tool("download_file", {"path": "out.bin"})
+        assert not downloaded.is_error, text_of(downloaded)
+        blob = base64.b64decode(downloaded.content[1].resource.blob)  # type: ignore[union-attr]
+        assert (len(blob), hashlib.sha256(blob).hexdigest()) == (7 * 1024 * 1024 + 5, digest)
+        # Refused as locally: a link, a protected name, a folder.
+        await run(client, "import os\nos.symlink('/etc/hostname', 'link')\nos.mkdir('folder')")
+        for path, expected in [("link", "could not read"), (".env", ".env"), ("folder", "could not read")]:
+            refused = await client.call_tool("download_file", {"path": path})
+            assert refused.is_error and expected in text_of(refused), text_of(refused)
+        refused = await client.call_tool("install_package", {"package_name": "requests"})
+        assert refused.is_error and "deploy/kernel-image" in text_of(refused)
 
 
 def test_the_cli_refuses_the_sandbox_and_a_bad_url_with_a_gateway() -> None:

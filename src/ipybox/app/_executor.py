@@ -453,3 +453,26 @@ class CodeExecutor(_Cells):
             )
         async with self._lock:
             return await kernels.upload(Path(source), dest)
+
+    async def download(self, path: str, max_bytes: int = 64 * 1024 * 1024) -> bytes:
+        """A file from a remote kernel's host (`kernel_gateway_url`): what `upload` is to sending.
+
+        Read in pieces of 3 MiB carried in replies, not as output (which gateways rate-limit).
+
+        Args:
+            path: The file, relative to the kernel's working directory (or absolute). Links and
+                anything but a regular file are refused.
+            max_bytes: The largest file taken.
+
+        Raises:
+            RuntimeError: If the executor is not started, or its kernel is local.
+            ValueError: If the kernel could not read the file, it is over `max_bytes`, or it
+                changed while it was read.
+        """
+        kernels, _ = self._require_started()
+        if not isinstance(kernels, RemoteKernelHost):
+            raise RuntimeError(
+                "download() is for kernels on a remote gateway; read a local kernel's files directly."
+            )
+        async with self._lock:
+            return await kernels.download(path, max_bytes)

@@ -329,6 +329,42 @@ class KernelClient:
                 interrupted, keeps its state and stays usable. Code that does not stop when
                 interrupted (blocked in C) gets a fresh kernel instead, and the message says so.
         """
+        outcome = Outcome(KeptText(self.max_output_chars), self.images_dir)
+        async for item in self._execution(code, timeout, outcome):
+            yield item
+
+    async def evaluate(self, code: str, expressions: dict[str, str], timeout: float = 120) -> dict[str, str]:
+        """Run `code` silently, then the text (``repr``) of each of `expressions`' values.
+
+        The values come in the execution's reply, on the shell channel, which a gateway does not
+        rate-limit as it does output: for data a remote kernel sends back.
+
+        Raises:
+            ExecutionError: If the code or an expression raised.
+            KernelDiedError: If the kernel died meanwhile.
+            TimeoutError: As for `stream`.
+        """
+        outcome = Outcome(KeptText(self.max_output_chars), self.images_dir)
+        async for _ in self._execution(code, timeout, outcome, expressions):
+            pass
+        values: dict[str, str] = {}
+        for name in expressions:
+            value = outcome.expressions.get(name)
+            value = value if isinstance(value, dict) else {}
+            text = (value.get("data") or {}).get("text/plain") if value.get("status") == "ok" else None
+            if not isinstance(text, str):
+                ename, evalue = (
+                    str(value.get("ename", "Error")),
+                    str(value.get("evalue", "no value came back")),
+                )
+                raise ExecutionError(f"{ename}: {evalue}", ename=ename, evalue=evalue)
+            values[name] = text
+        return values
+
+    async def _execution(
+        self, code: str, timeout: float, outcome: Outcome, expressions: dict[str, str] | None = None
+    ) -> AsyncGenerator[str | ExecutionResult, None]:
+        """Run code (silently, with `expressions`), yielding its output and result into `outcome`."""
         # The lock covers only submitting the request, never a ``yield``: a stream its caller
         # abandons holds nothing, and the kernel itself runs submitted requests one at a time.
         deadline = time.monotonic() + timeout
@@ -348,7 +384,11 @@ class KernelClient:
             kernel.settled.clear()
             try:
                 allow_stdin = self.stdin_handler is not None
-                await kernel.ws.send(execute_request(kernel.session, msg_id, code, allow_stdin))
+                silent = expressions is not None
+                request = execute_request(
+                    kernel.session, msg_id, code, allow_stdin, silent=silent, user_expressions=expressions
+                )
+                await kernel.ws.send(request)
             except websockets.ConnectionClosed:
                 # Gone before the receiver noticed (the gateway died between executions).
                 kernel.queues.pop(msg_id, None)
@@ -360,7 +400,7 @@ class KernelClient:
                     ename="KernelDied",
                 ) from None
         try:
-            async for item in self._collect(kernel, queue, deadline, timeout):
+            async for item in self._collect(kernel, queue, deadline, timeout, outcome):
                 yield item
         finally:
             kernel.queues.pop(msg_id, None)
@@ -378,9 +418,9 @@ class KernelClient:
         queue: asyncio.Queue[dict[str, Any] | None],
         deadline: float,
         timeout: float,
+        outcome: Outcome,
     ) -> AsyncGenerator[str | ExecutionResult, None]:
         """Read the execution's messages until the kernel replied and is idle, yielding its output."""
-        outcome = Outcome(KeptText(self.max_output_chars), self.images_dir)
         while not (outcome.idle and outcome.replied):
             msg = await self._next_message(kernel, queue, deadline, timeout)
             text = outcome.read(msg, kernel.busy)

@@ -61,6 +61,8 @@ class Outcome:
     error: dict[str, Any] | None = None
     idle: bool = False
     replied: bool = False
+    # The reply's user expressions (`KernelClient.evaluate`), as the kernel sent them.
+    expressions: dict[str, Any] = field(default_factory=dict)
     # One per stream name (stdout, stderr): an escape sequence may be split across its chunks.
     strippers: dict[str, AnsiStripper] = field(default_factory=dict)
 
@@ -89,6 +91,8 @@ class Outcome:
         return None
 
     def reply(self, content: dict[str, Any]) -> None:
+        if isinstance(expressions := content.get("user_expressions"), dict):
+            self.expressions = expressions
         if content.get("status") == "error" and self.error is None:
             self.error = content
         elif content.get("status") == "aborted":

@@ -110,7 +110,13 @@ class KernelChannels:
 
 
 def execute_request(
-    session: str, msg_id: str, code: str, allow_stdin: bool = False, *, silent: bool = False
+    session: str,
+    msg_id: str,
+    code: str,
+    allow_stdin: bool = False,
+    *,
+    silent: bool = False,
+    user_expressions: dict[str, str] | None = None,
 ) -> bytes:
     header = {
         "msg_id": msg_id,
@@ -125,7 +131,8 @@ def execute_request(
         # Silent: no execution count, no history, no output broadcast (a kernel's hidden setup).
         "silent": silent,
         "store_history": not silent,
-        "user_expressions": {},
+        # Evaluated after the code; their values come in the reply, on the shell channel.
+        "user_expressions": user_expressions or {},
         "allow_stdin": allow_stdin,
         # Executions are independent: one that fails must not abort the next one queued.
         "stop_on_error": False,

@@ -21,8 +21,10 @@ in the kernel could open other kernels through the gateway's API.
 from __future__ import annotations
 
 import base64
+import binascii
 import io
 import posixpath
+import re
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
@@ -91,6 +93,26 @@ def _ipybox_unpack(dest, data):
 _ipybox_unpack({dest}, {data})
 del _ipybox_unpack
 """
+
+
+# Bytes of a file per cell of a download: 4 MiB of base64 in one reply.
+_PIECE = 3 * 1024 * 1024
+_READ = """\
+def _ipybox_read(path, offset, size, limit):
+    import base64, os, stat
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise IsADirectoryError(f"{path} is not a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{path} is {info.st_size} bytes, over the limit of {limit}")
+        return f"{info.st_size} {base64.b64encode(os.pread(fd, size, offset)).decode('ascii')}"
+    finally:
+        os.close(fd)
+"""
+# The text (repr) of what `_ipybox_read` returns: a size and base64, nothing else.
+_PIECE_TEXT = re.compile(r"'(\d{1,12}) ([A-Za-z0-9+/=]*)'")
 
 
 def setup_cell(env: dict[str, str]) -> str:
@@ -229,7 +251,8 @@ class RemoteKernelHost:
         where = upload_dest(source, dest)
         cell = upload_cell(source, where)
         try:
-            await self.client.execute(cell, timeout=self._settings.kernel_start_timeout)
+            # Silent, like a fresh kernel's uploads: the agent's cells keep their numbers.
+            await self.client.evaluate(cell, {}, timeout=self._settings.kernel_start_timeout)
         except ExecutionError as exc:
             raise KernelConnectionError(
                 f"The kernel could not unpack the upload of {str(source)!r} to {where!r}: {exc.ename}: {exc.evalue}"
@@ -238,6 +261,43 @@ class RemoteKernelHost:
         self._uploads.pop(where, None)
         self._uploads[where] = cell
         return where
+
+    async def download(self, path: str, max_bytes: int) -> bytes:
+        """The file `path` (relative to the kernel's working directory, or absolute) on the kernel's host.
+
+        Read a piece per silent cell, the pieces carried in the cells' replies (`KernelClient.evaluate`):
+        a gateway rate-limits output, not replies. What comes back is the kernel's word, so each
+        piece is checked: a size and base64, each piece as long as a read of a regular file gives.
+
+        Raises:
+            ValueError: If the kernel could not read it (missing, a link, not a regular file, over
+                `max_bytes`), or it changed while it was read.
+        """
+        data = bytearray()
+        total = -1
+        while len(data) != total:
+            call = f"_ipybox_read({path!r}, {len(data)}, {_PIECE}, {max_bytes})"
+            try:
+                text = (await self.client.evaluate(_READ, {"piece": call}))["piece"]
+            except ExecutionError as exc:
+                raise ValueError(f"The kernel could not read {path!r}: {exc.ename}: {exc.evalue}") from None
+            match = _PIECE_TEXT.fullmatch(text)
+            try:
+                if match is None or len(match[2]) > (_PIECE + 2) // 3 * 4:
+                    raise binascii.Error
+                size, piece = int(match[1]), base64.b64decode(match[2], validate=True)
+            except binascii.Error:
+                raise ValueError(f"The kernel's answer for {path!r} is not a piece of a file.") from None
+            # A regular file's read is short only at its end: anything else changed under the read.
+            if (
+                size > max_bytes
+                or (total >= 0 and size != total)
+                or len(piece) != min(_PIECE, size - len(data))
+            ):
+                raise ValueError(f"{path!r} changed while it was read; try again.")
+            total = size
+            data += piece
+        return bytes(data)
 
     async def recover(self) -> str:
         """After the kernel died (or its connection was lost): put a fresh kernel in its place.

@@ -160,6 +160,16 @@ def read(workspace: Path, relative: str, max_bytes: int = MAX_FILE_BYTES, rules:
         ) from exc
 
 
+def check_read(workspace: Path, relative: str, rules: Rules = Rules()) -> None:
+    """Refuse `relative` as `read` does by its name (protected names, denied paths, the registry),
+    without opening anything: for a file on a remote kernel's host.
+
+    Raises:
+        WorkspacePathError: If the path is refused.
+    """
+    _check(workspace, relative, rules.deny_read, "read")
+
+
 def _check(workspace: Path, relative: str, denied: tuple[str, ...], what: str) -> None:
     parts = relative_parts(relative)
     check_unprotected(relative, parts)

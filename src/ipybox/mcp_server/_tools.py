@@ -30,6 +30,7 @@ from ipybox.errors import (
     ApiGenerationError,
     CodeExecutionError,
     IpyboxError,
+    KernelConnectionError,
     MCPServerError,
     ServerParamsError,
     ToolSearchError,
@@ -45,6 +46,15 @@ logger = logging.getLogger(__name__)
 MCPTOOLS_DIR = "mcptools"
 _MIN_OUTPUT_CHARS = 200
 _MAX_MIB = _files.MAX_FILE_BYTES // (1024 * 1024)
+
+# What install_package answers for a kernel on a gateway, whose environment is on its own host.
+_REMOTE_INSTALL = (
+    "This session's kernel runs on a kernel gateway (--kernel-gateway-url), in an environment on its "
+    "own host: install_package installs only for a local kernel. Put the package into the kernel's "
+    "image (deploy/kernel-image/Dockerfile), or install it from a cell where the kernel's host can "
+    "reach a package index: `import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', "
+    "'install', {package!r}], check=True)`."
+)
 
 TOOLS: dict[str, Declared] = {}
 """The tools, by name, in the order they are listed: each declared once, on its `ToolSession` method."""
@@ -311,6 +321,8 @@ class ToolSession(_CellAnswers):
     ) -> types.CallToolResult:
         """Install `package_name` and make it importable in the running kernel; progress reports
         the installer's latest output line."""
+        if self.executor.settings.remote:
+            return _error(_REMOTE_INSTALL.format(package=package_name))
         output = KeptText(DEFAULT_MAX_OUTPUT_CHARS)
         failure: str | None = None
         log = ""
@@ -381,8 +393,13 @@ class ToolSession(_CellAnswers):
         """Write a file into the workspace."""
         try:
             size = _files.write(self.workspace, path, content_base64, rules=self.rules)
+            if self.executor.settings.remote:
+                # The kernel shares no disk with the workspace: it gets the file (again after a reset).
+                await self.executor.upload(self.workspace / _shown(path), _shown(path))
         except _files.WorkspacePathError as exc:
             return _error(str(exc))
+        except (ValueError, KernelConnectionError) as exc:
+            return _error(f"Wrote {_shown(path)} in the workspace, but the kernel did not get it: {exc}")
         return types.CallToolResult(
             content=[_text(f"Wrote {size} bytes to {_shown(path)} in the workspace.")]
         )
@@ -405,8 +422,13 @@ class ToolSession(_CellAnswers):
     ) -> types.CallToolResult:
         """Return a file of the workspace as an embedded resource."""
         try:
-            data = _files.read(self.workspace, path, rules=self.rules)
-        except _files.WorkspacePathError as exc:
+            if self.executor.settings.remote:
+                # The file is on the kernel's host; the names refused locally are refused there too.
+                _files.check_read(self.workspace, path, rules=self.rules)
+                data = await self.executor.download(_shown(path), _files.MAX_FILE_BYTES)
+            else:
+                data = _files.read(self.workspace, path, rules=self.rules)
+        except (_files.WorkspacePathError, ValueError) as exc:
             return _error(str(exc))
         shown = _shown(path)
         mime_type = mimetypes.guess_type(shown)[0] or "application/octet-stream"
