@@ -181,8 +181,8 @@ class KernelClient:
 
     async def _abandon_connect(self, supply: KernelSupply) -> None:
         """After a failed `connect()`: shut down kernels it left behind, then close the HTTP client."""
-        await supply.shut([])
         self._supply = None
+        await supply.shut([])
 
     def _start_spare(self) -> None:
         """Start booting the kernel the next `reset()` will switch to."""
@@ -206,9 +206,10 @@ class KernelClient:
             await asyncio.wait({spare})
             if not spare.cancelled() and spare.exception() is None:
                 to_close.append(spare.result())
-        if self._supply is not None:
-            await self._supply.shut(to_close, shutdown=shutdown_kernels)
-        self._supply = None
+        # Taken before anything is awaited: an execution that ends meanwhile starts no spare on it.
+        supply, self._supply = self._supply, None
+        if supply is not None:
+            await supply.shut(to_close, shutdown=shutdown_kernels)
 
     async def reset(self) -> None:
         """Replace the kernel with a fresh one: all variables, imports and definitions are gone.
@@ -409,8 +410,9 @@ class KernelClient:
             if self.stdin_handler is not None:
                 self.stdin_handler.execution_ended(kernel.id)
             # Booting the spare only after the first execution keeps it from competing
-            # with the kernel that is starting up.
-            self._start_spare()
+            # with the kernel that is starting up; none for a kernel already let go.
+            if self._kernel is kernel:
+                self._start_spare()
 
     async def _collect(
         self,

@@ -109,10 +109,18 @@ async def _delete_created(http: httpx2.AsyncClient, create: asyncio.Future[httpx
     """Delete the kernel the request `create` makes, once the gateway answers it."""
     try:
         response = await create
-        if response.status_code == 201:
-            await http.delete(f"/api/kernels/{response.json()['id']}")
     except asyncio.CancelledError:
         create.cancel()  # given up too (the gateway is stopped next, its kernels with it)
         raise
-    except Exception:  # broad: best-effort clean-up for an open that was given up; nobody waits on it
-        logger.warning("A kernel whose start was given up may be left on the gateway.", exc_info=True)
+    except httpx2.HTTPError as exc:
+        logger.debug("A kernel start that was given up failed on its own (%r): no kernel to delete.", exc)
+        return
+    if response.status_code != 201:
+        return
+    kernel_id = response.json().get("id")
+    try:
+        await http.delete(f"/api/kernels/{kernel_id}")
+    except httpx2.HTTPError as exc:
+        logger.warning(
+            "Kernel %s, whose start was given up, may be left on the gateway (%r).", kernel_id, exc
+        )

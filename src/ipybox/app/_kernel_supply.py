@@ -92,6 +92,8 @@ class KernelSupply:
         self._answerer = InputAnswerer(stdin_handler) if stdin_handler is not None else None
         self._closed = False
         self._closing: set[asyncio.Task[None]] = set()
+        # Deleting the kernels of starts given up midway (`open_kernel`'s clean-ups).
+        self._abandoned: set[asyncio.Task[None]] = set()
         self._watchers: dict[str, asyncio.Task[None]] = {}
 
     async def ready(self, kernel: KernelChannels | None = None) -> KernelChannels:
@@ -158,17 +160,29 @@ class KernelSupply:
                 the gateway with its kernels next.
         """
         closing = list(self._closing)
+        abandoned = list(self._abandoned)
         if not shutdown:
-            for task in closing:
+            for task in (*closing, *abandoned):
                 task.cancel()
         await asyncio.gather(
             *(self.close(kernel, shutdown=shutdown) for kernel in kernels),
             *closing,
             return_exceptions=True,
         )
-        if self._own_http:
-            await self.http.aclose()
         self._closed = True
+        if not self._own_http:
+            return
+        if shutdown and abandoned:
+            # A start given up (a spare at stop, a timeout) may take the gateway long to finish
+            # (a pod scheduled, an image pulled): its clean-up goes on without the caller, and
+            # the HTTP client closes after it.
+            _detach(self._close_after(abandoned))
+        else:
+            await self.http.aclose()
+
+    async def _close_after(self, abandoned: list[asyncio.Task[None]]) -> None:
+        await asyncio.gather(*abandoned, return_exceptions=True)
+        await self.http.aclose()
 
     async def _bounded(self, work: Coroutine[Any, Any, _T]) -> _T:
         """`work` (a kernel's start or setup) within `start_timeout`."""
@@ -211,8 +225,8 @@ class KernelSupply:
                 # With a start timeout, that bounds the handshake too.
                 open_timeout=None if self._start_timeout is not None else OPEN_TIMEOUT,
                 remote=self._remote,
-                # `shut()` waits for a given-up start's kernel to be deleted, as for closing ones.
-                cleanups=self._closing,
+                # A given-up start's kernel is deleted once made, off every caller's path.
+                cleanups=self._abandoned,
             )
         if self._answerer is not None:
             # Set before anything is awaited: the kernel sends nothing on stdin before an
@@ -231,7 +245,7 @@ class KernelSupply:
         dead, and the execution ends with `KernelDiedError`. An unreachable gateway is left to the
         WebSocket's pings.
         """
-        while not kernel.dead:
+        while not kernel.dead and not self._closed:
             await asyncio.sleep(_LIVENESS_INTERVAL)
             if kernel.pending == 0 or self._closed:
                 continue
@@ -243,6 +257,16 @@ class KernelSupply:
                 logger.warning("Kernel %s is gone from the gateway at %s.", kernel.id, self.base_url)
                 kernel.died()
                 return
+
+
+# Clean-ups that outlive the supply that started them (a strong reference keeps each running).
+_DETACHED: set[asyncio.Task[None]] = set()
+
+
+def _detach(work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.create_task(work)
+    _DETACHED.add(task)
+    task.add_done_callback(_DETACHED.discard)
 
 
 async def run_setup_cell(

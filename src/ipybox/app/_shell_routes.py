@@ -8,6 +8,7 @@ connected. It also holds the bearer-token check every endpoint but ``/status`` m
 
 from __future__ import annotations
 
+import logging
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -36,6 +37,8 @@ from ipybox.app._tool_http import (
     _json,
     _summarise,
 )
+
+logger = logging.getLogger("ipybox.tool_exec.server")
 
 # The model a request body is read as.
 _Body = TypeVar("_Body", bound=BaseModel)
@@ -89,7 +92,13 @@ class _ShellRoutes(_ToolCalls):
             return _error(400, "failed", "An approval request cannot carry server_params.")
         if not asks_about_shell(body.server_name, body.tool_name) or body.content:
             # Nothing runs for it here: a tool's name would have the application asked about a
-            # call that never runs (and "accept for the session" primed by it).
+            # call that never runs (and "accept for the session" primed by it). Only kernel code
+            # written by hand sends one: worth a line in the log.
+            logger.warning(
+                "Refused an approval-only request for %s.%s: it may ask about shell commands only.",
+                body.server_name,
+                body.tool_name,
+            )
             return _error(400, "failed", f"Refused: {ASK_ONLY_RULE}; tool calls go to POST /run.")
         try:
             ticket = await self._approve_shell(body, f"{body.server_name}.{body.tool_name}")
