@@ -484,6 +484,23 @@ async def test_a_spare_kernel_given_up_while_the_gateway_makes_it_is_deleted(gat
 
 
 @pytest.mark.slow
+async def test_stopping_during_a_running_cell_starts_no_kernel_that_is_left_behind(
+    gateway: RemoteGateway,
+) -> None:
+    before = {kernel["id"] for kernel in await kernels_on(gateway)}
+    executor = remote(gateway)
+    await executor.start()
+    stream = executor.stream("print('running', flush=True)\nimport time\ntime.sleep(60)", chunks=True)
+    assert isinstance(await anext(stream), CodeExecutionChunk)  # the cell runs
+    collect = asyncio.create_task(anext(stream))
+    await executor.stop()
+    with pytest.raises(CodeExecutionError):
+        await collect
+    # Nothing was started on the way out (the ended cell used to start a spare, never deleted).
+    assert {kernel["id"] for kernel in await kernels_on(gateway)} <= before
+
+
+@pytest.mark.slow
 async def test_an_unknown_kernel_name_or_a_wrong_token_is_a_clear_error(gateway: RemoteGateway) -> None:
     with pytest.raises(KernelConnectionError, match="refused to create a kernel"):
         await remote(gateway, kernel_name="no-such-kernel").start()
