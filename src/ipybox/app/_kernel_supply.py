@@ -181,8 +181,10 @@ class KernelSupply:
             await self.http.aclose()
 
     async def _close_after(self, abandoned: list[asyncio.Task[None]]) -> None:
-        await asyncio.gather(*abandoned, return_exceptions=True)
-        await self.http.aclose()
+        try:
+            await asyncio.gather(*abandoned, return_exceptions=True)
+        finally:
+            await self.http.aclose()  # also when the loop ends first and cancels this
 
     async def _bounded(self, work: Coroutine[Any, Any, _T]) -> _T:
         """`work` (a kernel's start or setup) within `start_timeout`."""
