@@ -464,6 +464,8 @@ async def test_a_kernel_that_never_starts_ends_in_a_bounded_wait_and_leaves_no_k
 
 @pytest.mark.slow
 async def test_a_spare_kernel_given_up_while_the_gateway_makes_it_is_deleted(gateway: RemoteGateway) -> None:
+    if gateway.kind.endswith("-docker"):
+        pytest.skip("these gateways keep kernel listing off (as clusters do); the namespace kinds show this")
     # The spare's start begins after the first execution; stopping at once gives it up while the
     # gateway still makes it. The gateway finishes the kernel anyway: it must be deleted then (off
     # stop()'s path, which does not wait for a cluster to finish a start).
@@ -487,6 +489,8 @@ async def test_a_spare_kernel_given_up_while_the_gateway_makes_it_is_deleted(gat
 async def test_stopping_during_a_running_cell_starts_no_kernel_that_is_left_behind(
     gateway: RemoteGateway,
 ) -> None:
+    if gateway.kind.endswith("-docker"):
+        pytest.skip("these gateways keep kernel listing off (as clusters do); the namespace kinds show this")
     before = {kernel["id"] for kernel in await kernels_on(gateway)}
     executor = remote(gateway)
     await executor.start()
