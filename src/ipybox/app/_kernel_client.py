@@ -206,7 +206,8 @@ class KernelClient:
             await asyncio.wait({spare})
             if not spare.cancelled() and spare.exception() is None:
                 to_close.append(spare.result())
-        # Taken before anything is awaited: an execution that ends meanwhile starts no spare on it.
+        # Let go of here (a stream that ends meanwhile starts no spare on it: its kernel is no
+        # longer the client's).
         supply, self._supply = self._supply, None
         if supply is not None:
             await supply.shut(to_close, shutdown=shutdown_kernels)
@@ -313,7 +314,7 @@ class KernelClient:
                     return item
         raise AssertionError("stream() always ends with an ExecutionResult")  # pragma: no cover
 
-    async def stream(self, code: str, timeout: float = 120) -> AsyncGenerator[str | ExecutionResult, None]:
+    def stream(self, code: str, timeout: float = 120) -> AsyncGenerator[str | ExecutionResult, None]:
         """Run code, yielding output text as it arrives and then the `ExecutionResult`.
 
         Args:
@@ -330,9 +331,9 @@ class KernelClient:
                 interrupted, keeps its state and stays usable. Code that does not stop when
                 interrupted (blocked in C) gets a fresh kernel instead, and the message says so.
         """
-        outcome = Outcome(KeptText(self.max_output_chars), self.images_dir)
-        async for item in self._execution(code, timeout, outcome):
-            yield item
+        # The execution's own generator, not one around it: closing it (as `execute` does at the
+        # result) runs its clean-up at once, not a loop turn later in a finalizer's task.
+        return self._execution(code, timeout, Outcome(KeptText(self.max_output_chars), self.images_dir))
 
     async def evaluate(self, code: str, expressions: dict[str, str], timeout: float = 120) -> dict[str, str]:
         """Run `code` silently, then the text (``repr``) of each of `expressions`' values.

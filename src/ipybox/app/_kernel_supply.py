@@ -170,14 +170,15 @@ class KernelSupply:
             return_exceptions=True,
         )
         self._closed = True
-        if not self._own_http:
-            return
         if shutdown and abandoned:
-            # A start given up (a spare at stop, a timeout) may take the gateway long to finish
-            # (a pod scheduled, an image pulled): its clean-up goes on without the caller, and
-            # the HTTP client closes after it.
-            _detach(self._close_after(abandoned))
-        else:
+            # A start given up (a spare at stop, a timeout) is usually made and deleted within
+            # moments; one a cluster takes long to finish (a pod scheduled, an image pulled) is
+            # cleaned up without the caller, and the HTTP client closes after it.
+            _, abandoned_still = await asyncio.wait(abandoned, timeout=_ABANDONED_GRACE)
+            if abandoned_still and self._own_http:
+                _detach(self._close_after(list(abandoned_still)))
+                return
+        if self._own_http:
             await self.http.aclose()
 
     async def _close_after(self, abandoned: list[asyncio.Task[None]]) -> None:
@@ -261,6 +262,8 @@ class KernelSupply:
                 return
 
 
+# Seconds `shut()` waits for the clean-up of starts given up before leaving it to run on its own.
+_ABANDONED_GRACE = 10.0
 # Clean-ups that outlive the supply that started them (a strong reference keeps each running).
 _DETACHED: set[asyncio.Task[None]] = set()
 

@@ -38,7 +38,7 @@ from ipybox.app._kernel_client import KernelClient
 from ipybox.app._kernel_stdin import StdinHandler
 from ipybox.app._settings import ExecutorSettings
 from ipybox.app._shell import KernelConfinement
-from ipybox.errors import ExecutionError, KernelConnectionError
+from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
 
 __all__ = ["MAX_UPLOAD_SIZE", "RemoteKernelHost", "setup_cell", "upload_cell"]
 
@@ -100,19 +100,21 @@ _PIECE = 3 * 1024 * 1024
 _READ = """\
 def _ipybox_read(path, offset, size, limit):
     import base64, os, stat
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise IsADirectoryError(f"{path} is not a regular file")
         if info.st_size > limit:
             raise ValueError(f"{path} is {info.st_size} bytes, over the limit of {limit}")
-        return f"{info.st_size} {base64.b64encode(os.pread(fd, size, offset)).decode('ascii')}"
+        piece = base64.b64encode(os.pread(fd, size, offset)).decode("ascii")
+        return f"{info.st_size} {info.st_ino}.{info.st_mtime_ns} {piece}"
     finally:
         os.close(fd)
 """
-# The text (repr) of what `_ipybox_read` returns: a size and base64, nothing else.
-_PIECE_TEXT = re.compile(r"'(\d{1,12}) ([A-Za-z0-9+/=]*)'")
+# The text (repr) of what `_ipybox_read` returns: a size, the file's identity (inode and
+# modification time: a file replaced between pieces is not mixed in) and base64, nothing else.
+_PIECE_TEXT = re.compile(r"'(\d{1,12}) (\d{1,24}\.\d{1,24}) ([A-Za-z0-9+/=]*)'")
 
 
 def setup_cell(env: dict[str, str]) -> str:
@@ -274,28 +276,27 @@ class RemoteKernelHost:
                 `max_bytes`), or it changed while it was read.
         """
         data = bytearray()
-        total = -1
+        total, identity = -1, ""
         while len(data) != total:
-            call = f"_ipybox_read({path!r}, {len(data)}, {_PIECE}, {max_bytes})"
+            call = f"_ipybox_read({path!r}, {len(data)}, {_PIECE}, {int(max_bytes)})"
             try:
                 text = (await self.client.evaluate(_READ, {"piece": call}))["piece"]
+            except KernelDiedError:
+                raise
             except ExecutionError as exc:
                 raise ValueError(f"The kernel could not read {path!r}: {exc.ename}: {exc.evalue}") from None
             match = _PIECE_TEXT.fullmatch(text)
             try:
-                if match is None or len(match[2]) > (_PIECE + 2) // 3 * 4:
+                if match is None or len(match[3]) > (_PIECE + 2) // 3 * 4:
                     raise binascii.Error
-                size, piece = int(match[1]), base64.b64decode(match[2], validate=True)
+                size, piece = int(match[1]), base64.b64decode(match[3], validate=True)
             except binascii.Error:
                 raise ValueError(f"The kernel's answer for {path!r} is not a piece of a file.") from None
             # A regular file's read is short only at its end: anything else changed under the read.
-            if (
-                size > max_bytes
-                or (total >= 0 and size != total)
-                or len(piece) != min(_PIECE, size - len(data))
-            ):
+            changed = total >= 0 and (size != total or match[2] != identity)
+            if size > max_bytes or changed or len(piece) != min(_PIECE, size - len(data)):
                 raise ValueError(f"{path!r} changed while it was read; try again.")
-            total = size
+            total, identity = size, match[2]
             data += piece
         return bytes(data)
 

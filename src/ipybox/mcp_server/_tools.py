@@ -30,7 +30,6 @@ from ipybox.errors import (
     ApiGenerationError,
     CodeExecutionError,
     IpyboxError,
-    KernelConnectionError,
     MCPServerError,
     ServerParamsError,
     ToolSearchError,
@@ -398,7 +397,7 @@ class ToolSession(_CellAnswers):
                 await self.executor.upload(self.workspace / _shown(path), _shown(path))
         except _files.WorkspacePathError as exc:
             return _error(str(exc))
-        except (ValueError, KernelConnectionError) as exc:
+        except (ValueError, IpyboxError, TimeoutError) as exc:
             return _error(f"Wrote {_shown(path)} in the workspace, but the kernel did not get it: {exc}")
         return types.CallToolResult(
             content=[_text(f"Wrote {size} bytes to {_shown(path)} in the workspace.")]
@@ -428,8 +427,8 @@ class ToolSession(_CellAnswers):
                 data = await self.executor.download(_shown(path), _files.MAX_FILE_BYTES)
             else:
                 data = _files.read(self.workspace, path, rules=self.rules)
-        except (_files.WorkspacePathError, ValueError) as exc:
-            return _error(str(exc))
+        except (_files.WorkspacePathError, ValueError, IpyboxError, TimeoutError) as exc:
+            return _error(str(exc) or f"Reading {path!r} in the kernel failed: {exc!r}")
         shown = _shown(path)
         mime_type = mimetypes.guess_type(shown)[0] or "application/octet-stream"
         resource = types.BlobResourceContents(
