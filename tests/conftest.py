@@ -16,6 +16,30 @@ import pytest
 DEMO_SERVER = Path(__file__).parent / "servers" / "demo_server.py"
 
 
+TOOL_SERVER_CLIENT = """
+import http.client as _http, json as _json, os as _os, socket as _socket
+class _ToolServer(_http.HTTPConnection):
+    def connect(self):
+        unix = _os.environ.get("TOOL_SERVER_SOCKET")  # how a sandboxed kernel reaches it
+        if unix:
+            self.sock = _socket.socket(_socket.AF_UNIX)
+            self.sock.connect(unix)
+        else:
+            super().connect()
+def send(method, path, body, token=True):
+    conn = _ToolServer(_os.environ["TOOL_SERVER_HOST"], int(_os.environ["TOOL_SERVER_PORT"]), timeout=30)
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = "Bearer " + _os.environ["TOOL_SERVER_TOKEN"]
+    conn.request(method, path, _json.dumps(body), headers)
+    response = conn.getresponse()
+    return response.status, response.read().decode()
+"""
+"""Kernel code that defines ``send(method, path, body, token=True) -> (status, text)``: one
+request to the executor's tool server, as hostile code in the kernel can make it (the address
+and token from the kernel's environment, over TCP or the sandbox's socket)."""
+
+
 def command_line(process: psutil.Process | int) -> str:
     """The command line of `process`, empty for one that has exited since it was listed (a
     process table read twice is never the same: a helper may end in between)."""

@@ -25,6 +25,7 @@ from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutor, generate_m
 from ipybox.app._audit import AuditTrail, default_audit_path
 from ipybox.mcp_server._cli import parse_args
 from ipybox.policy import Policy, Rule
+from tests.conftest import TOOL_SERVER_CLIENT
 from tests.sandbox_support import require_sandbox
 
 ANNOTATED = Path(__file__).parent / "servers" / "annotated_server.py"
@@ -63,22 +64,8 @@ async def executor(
 
 
 HOSTILE = """
-import glob, http.client, json, os, socket, sqlite3
+import glob, json, os, sqlite3
 audit = {audit!r}
-host, port, token = os.environ["TOOL_SERVER_HOST"], int(os.environ["TOOL_SERVER_PORT"]), os.environ["TOOL_SERVER_TOKEN"]
-unix = os.environ.get("TOOL_SERVER_SOCKET")
-class Connection(http.client.HTTPConnection):
-    def connect(self):
-        if unix:
-            self.sock = socket.socket(socket.AF_UNIX)
-            self.sock.connect(unix)
-        else:
-            super().connect()
-def send(method, path, body):
-    conn = Connection(host, port, timeout=30)
-    conn.request(method, path, json.dumps(body), {{"Authorization": "Bearer " + token}})
-    response = conn.getresponse()
-    return response.status, response.read().decode()
 seen = {{}}
 # The policy: nothing in the environment names it, and the tool server has no way to change it.
 seen["env"] = sorted(name for name in os.environ if "POLICY" in name.upper() or "AUDIT" in name.upper())
@@ -121,7 +108,7 @@ async def test_hostile_kernel_code_can_neither_change_the_policy_nor_forge_or_wi
     before = rows()
     audit = str(default_audit_path())
     result = await executor.execute(
-        HOSTILE.format(audit=audit, canary=CANARY, sandboxed=executor.settings.sandbox)
+        TOOL_SERVER_CLIENT + HOSTILE.format(audit=audit, canary=CANARY, sandboxed=executor.settings.sandbox)
     )
     seen = json.loads(result.text or "{}")
     assert seen["env"] == []

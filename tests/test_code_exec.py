@@ -24,7 +24,7 @@ from ipybox import (
     generate_mcp_sources,
 )
 from ipybox.errors import ApprovalDecisionError, KernelConnectionError
-from tests.conftest import DEMO_SERVER, command_line
+from tests.conftest import DEMO_SERVER, TOOL_SERVER_CLIENT, command_line
 from tests.sandbox_support import require_sandbox
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -395,29 +395,15 @@ async def test_the_kernel_cannot_run_unregistered_servers_or_approve_calls(
 ) -> None:
     """S1, S2, S4 attacked from real kernel code."""
     marker = workdir / "pwned"
-    code = f"""
-import json, os, http.client, socket
-host, port, token = os.environ["TOOL_SERVER_HOST"], int(os.environ["TOOL_SERVER_PORT"]), os.environ["TOOL_SERVER_TOKEN"]
-unix = os.environ.get("TOOL_SERVER_SOCKET")  # how a sandboxed kernel reaches the tool server
-class Connection(http.client.HTTPConnection):
-    def connect(self):
-        if unix:
-            self.sock = socket.socket(socket.AF_UNIX)
-            self.sock.connect(unix)
-        else:
-            super().connect()
-def post(body, headers):
-    conn = Connection(host, port, timeout=10)
-    conn.request("POST", "/run", json.dumps(body), {{"Content-Type": "application/json", **headers}})
-    response = conn.getresponse()
-    return response.status
+    code = (
+        TOOL_SERVER_CLIENT
+        + f"""
 forged = {{"server_name": "demo", "tool_name": "echo", "tool_args": {{"text": "x"}},
           "server_params": {{"command": "touch", "args": [{str(marker)!r}]}}}}
 unknown = {{"server_name": "evil", "tool_name": "echo", "tool_args": {{}}}}
-print(post(forged, {{"Authorization": "Bearer " + token}}),
-      post(unknown, {{"Authorization": "Bearer " + token}}),
-      post(unknown, {{}}))
+print(send("POST", "/run", forged)[0], send("POST", "/run", unknown)[0], send("POST", "/run", unknown, token=False)[0])
 """
+    )
     result = await executor.execute(code)
     statuses = [int(s) for s in (result.text or "").split()]
     assert statuses[0] == 403
@@ -454,22 +440,15 @@ async def test_kernel_code_cannot_have_the_application_asked_about_a_tool_call_t
     """``POST /approve`` runs nothing: it asks about the kernel's own shell commands. Naming a tool
     there would show the application a request for a call that never runs (and could prime
     "accept for the session" for it); it is refused before anyone is asked."""
-    code = """
-import json, os, http.client, socket
-unix = os.environ.get("TOOL_SERVER_SOCKET")
-class Connection(http.client.HTTPConnection):
-    def connect(self):
-        if unix:
-            self.sock = socket.socket(socket.AF_UNIX)
-            self.sock.connect(unix)
-        else:
-            super().connect()
-conn = Connection(os.environ["TOOL_SERVER_HOST"], int(os.environ["TOOL_SERVER_PORT"]), timeout=30)
+    code = (
+        TOOL_SERVER_CLIENT
+        + """
+import json
 body = {"server_name": "demo", "tool_name": "echo", "tool_args": {"text": "forged"}}
-conn.request("POST", "/approve", json.dumps(body), {"Authorization": "Bearer " + os.environ["TOOL_SERVER_TOKEN"]})
-response = conn.getresponse()
-print(json.dumps([response.status, json.loads(response.read())]))
+status, text = send("POST", "/approve", body)
+print(json.dumps([status, json.loads(text)]))
 """
+    )
     asked: list[ApprovalRequest] = []
     text = None
     async for item in executor.stream(code, timeout=60):

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx2
 import pytest
+from mcp.client.stdio import StdioServerParameters
 
 from ipybox import (
     ApprovalRequest,
@@ -82,6 +83,18 @@ def remote(gateway: RemoteGateway, **kwargs: Any) -> CodeExecutor:
         "kernel_start_timeout": 60,
     }
     return CodeExecutor(**{**options, **kwargs})
+
+
+def remote_server(gateway: RemoteGateway, workspace: Path, **env: str) -> StdioServerParameters:
+    """The ``ipybox`` MCP server (stdio) with its sessions' kernels on `gateway`, and `env` set."""
+    return stdio_params(
+        workspace,
+        "--kernel-gateway-url",
+        gateway.url,
+        "--kernel-name",
+        gateway.kernel_name,
+        env=server_env(**{UserEnv.KERNEL_GATEWAY_TOKEN: gateway.token, **env}),
+    )
 
 
 @pytest.fixture
@@ -544,14 +557,7 @@ async def test_the_mcp_server_runs_its_sessions_kernel_on_the_gateway_with_mcpto
     gateway: RemoteGateway, tmp_path: Path
 ) -> None:
     workspace = tmp_path / "workspace"
-    params = stdio_params(
-        workspace,
-        "--kernel-gateway-url",
-        gateway.url,
-        "--kernel-name",
-        gateway.kernel_name,
-        env=server_env(**{UserEnv.KERNEL_GATEWAY_TOKEN: gateway.token, "KERNEL_ENV_GREETING": "hello"}),
-    )
+    params = remote_server(gateway, workspace, KERNEL_ENV_GREETING="hello")
     async with connected(params) as client:
         registered = await client.call_tool(
             "register_mcp_server",
@@ -580,14 +586,7 @@ async def test_the_mcp_servers_file_tools_act_in_the_remote_kernel_and_install_p
     gateway: RemoteGateway, tmp_path: Path
 ) -> None:
     workspace = tmp_path / "workspace"
-    params = stdio_params(
-        workspace,
-        "--kernel-gateway-url",
-        gateway.url,
-        "--kernel-name",
-        gateway.kernel_name,
-        env=server_env(**{UserEnv.KERNEL_GATEWAY_TOKEN: gateway.token}),
-    )
+    params = remote_server(gateway, workspace)
     async with connected(params) as client:
         content = base64.b64encode(b"sent from the client").decode()
         uploaded = await client.call_tool("upload_file", {"path": "in/data.txt", "content_base64": content})

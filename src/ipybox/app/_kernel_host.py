@@ -22,7 +22,7 @@ from ipybox.app._settings import ExecutorSettings
 from ipybox.app._shell import KernelConfinement
 from ipybox.errors import ExecutionError, KernelConnectionError
 
-__all__ = ["KernelHost"]
+__all__ = ["KernelHost", "fresh_kernel"]
 
 # Seconds the gateway and kernels get to exit after SIGTERM when the host stops; they hold no
 # state worth a longer wait, and then they are killed.
@@ -126,28 +126,14 @@ class KernelHost:
             return _STOPPED
         # A dead gateway is checked first: its spare kernel's connection may not have noticed yet,
         # so a reset onto the spare would "succeed" and leave the next execution to fail.
-        if self._gateway.running and (message := await self._fresh_kernel(client)) is not None:
+        if (
+            self._gateway.running
+            and (message := await fresh_kernel(client, self._gateway, self._settings)) is not None
+        ):
             return message
         if self._client is not client:
             return _STOPPED
         return await self._fresh_gateway(client)
-
-    async def _fresh_kernel(self, client: KernelClient) -> str | None:
-        """A fresh kernel on the running gateway; ``None`` if the gateway gives no working kernel."""
-        died = "The kernel died while running the code"
-        if self._gateway.memory_exceeded():
-            died = (
-                "The kernel was killed because it used more than its memory limit "
-                f"({self._settings.memory_limit}) while running the code"
-            )
-        try:
-            await client.reset()
-            # A gateway killed just after its kernel may still look alive, and the spare's
-            # connection may not have noticed yet: one round trip proves the fresh kernel works.
-            await client.execute("", timeout=10)
-        except (KernelConnectionError, ExecutionError, TimeoutError, httpx2.HTTPError, OSError):
-            return None  # no working kernel: the gateway itself is gone or broken
-        return f"{died}; a fresh kernel has replaced it and {_LOST}."
 
     async def _fresh_gateway(self, client: KernelClient) -> str:
         """A new gateway, and a new client connected to a kernel on it."""
@@ -184,3 +170,25 @@ class KernelHost:
             spare_kernel=self._settings.spare_kernel,
             stdin_handler=self._stdin_handler,
         )
+
+
+async def fresh_kernel(
+    client: KernelClient, gateway: KernelGateway, settings: ExecutorSettings
+) -> str | None:
+    """After `client`'s kernel died: a fresh kernel on the running `gateway`, and the message for
+    the execution that was hit; ``None`` if the gateway gives no working kernel (it is gone or
+    broken, and must be replaced)."""
+    died = "The kernel died while running the code"
+    if gateway.memory_exceeded():
+        died = (
+            "The kernel was killed because it used more than its memory limit "
+            f"({settings.memory_limit}) while running the code"
+        )
+    try:
+        await client.reset()
+        # A gateway killed just after its kernel may still look alive, and the spare's
+        # connection may not have noticed yet: one round trip proves the fresh kernel works.
+        await client.execute("", timeout=10)
+    except (KernelConnectionError, ExecutionError, TimeoutError, httpx2.HTTPError, OSError):
+        return None
+    return f"{died}; a fresh kernel has replaced it and {_LOST}."

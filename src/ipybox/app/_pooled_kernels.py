@@ -12,14 +12,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import httpx2
-
 from ipybox._wire import ToolServerEnv
 from ipybox.app._gateway import KernelGateway
 from ipybox.app._kernel_client import KernelClient
+from ipybox.app._kernel_host import fresh_kernel
 from ipybox.app._settings import ExecutorSettings
 from ipybox.app._shell import KernelConfinement
-from ipybox.errors import ExecutionError, KernelConnectionError
 
 if TYPE_CHECKING:
     from ipybox.app._pool import KernelPool
@@ -100,18 +98,9 @@ class PooledKernels:
             return "The kernel died while running the code, and the kernel pool was stopped."
         gateway = pool.gateway
         if self._generation == pool._generation_now and gateway.running:
-            died = "The kernel died while running the code"
-            if gateway.memory_exceeded():
-                died = (
-                    "The kernel was killed because it used more than its memory limit "
-                    f"({self._settings.memory_limit}) while running the code"
-                )
-            try:
-                await client.reset()
-                await client.execute("", timeout=10)
-                return f"{died}; a fresh kernel has replaced it and {_LOST}."
-            except (KernelConnectionError, ExecutionError, TimeoutError, httpx2.HTTPError, OSError):
-                pass  # no working kernel: the gateway itself is gone or broken
+            message = await fresh_kernel(client, gateway, self._settings)
+            if message is not None:
+                return message
         try:
             await client.disconnect(shutdown_kernels=False)
             await pool._restart(self._generation)
