@@ -6,18 +6,20 @@ it answers to ``tools/list``. Servers that need an account get placeholder crede
 their tools without calling out (no network but the registries is reachable here anyway).
 
     mkdir -p /tmp/heldout/npm && cd /tmp/heldout/npm && npm init -y
-    npm install --ignore-scripts <each NPM package below, at its version>
+    npm install --ignore-scripts <each NPM package below>@<its version in README.md>
     for p in <each PyPI package below>; do
-        uv venv --python <its python> /tmp/heldout/py/$p
-        uv pip install --python /tmp/heldout/py/$p/bin/python $p==<its version>
+        uv venv --python <3.11, or 3.12 for mcp-server-spotify> /tmp/heldout/py/$p
+        uv pip install --python /tmp/heldout/py/$p/bin/python $p==<its version in README.md>
     done
+    echo '{"installed": {"client_id": "x", "client_secret": "x", "redirect_uris": []}}' \
+        > /tmp/heldout/gcp-oauth.keys.json
     uv run --frozen python benchmarks/tool_search/heldout/collect.py /tmp/heldout/npm /tmp/heldout/py
 
 (each PyPI server in an environment of its own: they pin different versions of ``mcp``).
+Naming servers after the two folders lists only those and writes nothing (a trial run).
 
 The one-line purpose is the package's own registry description (npm ``description``, PyPI
-``Summary``); a package that has none gets the first sentence of the README its registry page
-shows, and ``PURPOSE`` below records it.
+``Summary``); a package that has none gets the opening of its README, recorded in ``PURPOSE``.
 """
 
 from __future__ import annotations
@@ -163,6 +165,8 @@ async def main(npm_root: Path, venvs: Path, only: set[str]) -> None:
         if only and name not in only:
             continue
         venv = venvs / package
+        # a fixed hash seed: mcp-atlassian builds a schema default from a set
+        env = {"PYTHONHASHSEED": "0", **env}
         params = StdioServerParameters(command=str(venv / "bin" / script), args=args, env=env)
         if found := await _collect(name, "PyPI", package, _pypi_meta(venv, package), params):
             servers[name] = found
