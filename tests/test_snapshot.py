@@ -61,7 +61,9 @@ def state_dir(workdir: Path) -> Path:
 
 
 @pytest_asyncio.fixture(
-    scope="module", loop_scope="module", params=["unsandboxed", pytest.param("sandboxed", marks=pytest.mark.slow)]
+    scope="module",
+    loop_scope="module",
+    params=["unsandboxed", pytest.param("sandboxed", marks=pytest.mark.slow)],
 )
 async def executor(workdir: Path, request: pytest.FixtureRequest) -> AsyncIterator[CodeExecutor]:
     if request.param == "sandboxed":
@@ -89,8 +91,13 @@ async def test_a_snapshot_keeps_variables_functions_classes_modules_and_the_work
     report = await executor.save_snapshot(outside / "state.snap")
     assert isinstance(report, SnapshotReport)
     assert {"Point", "double", "square", "points", "alias", "counts", "_private"} <= set(report.names)
-    assert report.modules == {"collections": "collections", "js": "json", "os": "os", "socket": "socket",
-                              "threading": "threading"}
+    assert report.modules == {
+        "collections": "collections",
+        "js": "json",
+        "os": "os",
+        "socket": "socket",
+        "threading": "threading",
+    }
     assert report.left_out["handle"].startswith("an open file")
     assert report.left_out["sock"].startswith("a socket")
     assert report.left_out["worker"].startswith("a thread")
@@ -107,7 +114,7 @@ async def test_a_snapshot_keeps_variables_functions_classes_modules_and_the_work
     assert loaded.modules == report.modules
     assert "handle" in loaded.left_out
     result = await executor.execute(CHECK)
-    assert result.text == '42 9 13 True 2 [1] Point 7 True'
+    assert result.text == "42 9 13 True 2 [1] Point 7 True"
     assert not [name for name in os.listdir(workdir) if name.startswith(".ipybox-snapshot")]
     await executor.execute(f"handle.close() if 'handle' in dir() else None\nos.chdir({str(workdir)!r})")
 
@@ -123,7 +130,9 @@ async def test_a_load_that_fails_for_some_names_keeps_the_others_and_says_why(
     await _fresh(executor, workdir)
     report = await executor.load_snapshot(outside / "half.snap")
     assert "kept" in report.names
-    assert report.left_out["gone_mod"].startswith("module gone_mod could not be imported: ModuleNotFoundError")
+    assert report.left_out["gone_mod"].startswith(
+        "module gone_mod could not be imported: ModuleNotFoundError"
+    )
     assert report.left_out["thing"].startswith("could not be loaded: ModuleNotFoundError")
     assert report.left_out["later"] == "it refers to thing, which did not load"
     assert (await executor.execute("print(kept)")).text == "{'a': 1}"
@@ -137,7 +146,7 @@ async def test_bad_snapshot_files_get_clear_errors_and_lose_nothing(
     good = outside / "good.snap"
     await executor.save_snapshot(good)
     data = good.read_bytes()
-    with pytest.raises(SnapshotError, match="There is no snapshot at .*missing.snap.*check the path"):
+    with pytest.raises(SnapshotError, match=r"There is no snapshot at .*missing.snap.*check the path"):
         await executor.load_snapshot(outside / "missing.snap")
     (outside / "cut.snap").write_bytes(data[: len(data) // 2])
     with pytest.raises(SnapshotError, match="cut short"):
@@ -234,7 +243,7 @@ async def test_attack_a_kernel_that_forges_its_snapshot_file_gets_nothing_writte
         "_real = m.save\n"
         f"m.save = lambda path, cap: os.symlink({str(secret)!r}, path)"
     )
-    with pytest.raises(SnapshotError, match="not a regular file of its own|cannot be opened"):
+    with pytest.raises(SnapshotError, match=r"not a regular file of its own|cannot be opened"):
         await executor.save_snapshot(dest)
     await executor.execute("m.save = lambda path, cap: open(path, 'wb').write(b'IPYBOX-SNAPSHOT\\x01 junk')")
     with pytest.raises(SnapshotError, match="is not a snapshot ipybox can load"):

@@ -82,7 +82,7 @@ class SnapshotReport:
             value that failed to load (the others loaded).
         modules: Names bound to modules, with the module imported again under that name.
         working_dir: The kernel's working directory when the snapshot was saved (a load goes back
-            there when it exists).
+            there when it exists, unless the executor keeps the kernel in its `working_dir`).
         size: The snapshot file's size in bytes.
         seconds: How long the save or load took, as the application measured it.
         not_kept: What no snapshot holds (`NOT_KEPT`).
@@ -101,7 +101,9 @@ class SnapshotReport:
 Reader = Callable[[int, int], bytes]  # (size, offset) -> bytes
 
 
-def _check(read: Reader, size: int, max_bytes: int, what: str, write: Callable[[bytes], Any] | None) -> Trailer:
+def _check(
+    read: Reader, size: int, max_bytes: int, what: str, write: Callable[[bytes], Any] | None
+) -> Trailer:
     """Check the snapshot read by `read` (of `size` bytes), handing its bytes to `write` as it goes.
 
     Raises:
@@ -128,7 +130,9 @@ def _check(read: Reader, size: int, max_bytes: int, what: str, write: Callable[[
             if write is not None:
                 write(piece)
         if digest.hexdigest() != segment.sha256:
-            raise SnapshotError(f"{what} is damaged: the bytes of {segment.name!r} do not match their checksum.")
+            raise SnapshotError(
+                f"{what} is damaged: the bytes of {segment.name!r} do not match their checksum."
+            )
     if write is not None:
         write(read(length + TAIL_BYTES, size - TAIL_BYTES - length))
     return trailer
@@ -219,7 +223,9 @@ def _report(text: str, path: str, size: int, started: float) -> SnapshotReport:
         and _text_map(raw.get("modules"))
         and isinstance(raw.get("working_dir"), str)
     ):
-        raise SnapshotError("The kernel's report of the snapshot is not one (was the kernel's ipybox changed?).")
+        raise SnapshotError(
+            "The kernel's report of the snapshot is not one (was the kernel's ipybox changed?)."
+        )
     return SnapshotReport(
         path=path,
         names=tuple(raw["names"]),
@@ -232,7 +238,9 @@ def _report(text: str, path: str, size: int, started: float) -> SnapshotReport:
 
 
 def _text_map(value: object) -> bool:
-    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
 
 
 def _staging_name() -> str:
@@ -272,7 +280,9 @@ async def save(
                 )
                 size = len(data)
             else:
-                trailer, size = await asyncio.to_thread(_copy_local, settings, staging, max_bytes, what, folder, name)
+                trailer, size = await asyncio.to_thread(
+                    _copy_local, settings, staging, max_bytes, what, folder, name
+                )
         finally:
             await _remove_staging(kernels, settings, staging, timeout)
     finally:
@@ -339,11 +349,15 @@ async def load(
         else:
             folder = await asyncio.to_thread(os.open, _kernel_folder(settings), os.O_RDONLY | os.O_DIRECTORY)
             try:
-                await asyncio.to_thread(_write_checked, _fd_reader(fd), size, max_bytes, what, folder, staging)
+                await asyncio.to_thread(
+                    _write_checked, _fd_reader(fd), size, max_bytes, what, folder, staging
+                )
             finally:
                 os.close(folder)
             target = str(_kernel_folder(settings) / staging)
-        text = await _call(kernels, f"{_KERNEL_MODULE}.load({target!r})", timeout, f"loading the snapshot {what}")
+        # A kernel kept in its `working_dir` stays there; else it goes back where it was saved.
+        call = f"{_KERNEL_MODULE}.load({target!r}, chdir={settings.working_dir is None})"
+        text = await _call(kernels, call, timeout, f"loading the snapshot {what}")
     finally:
         os.close(fd)
         await _remove_staging(kernels, settings, staging, timeout)
@@ -355,4 +369,9 @@ async def _send(kernels: RemoteKernelHost, fd: int, size: int, staging: str, tim
     for offset in range(0, size, _PIECE):
         piece = await asyncio.to_thread(os.pread, fd, _PIECE, offset)
         data = base64.b64encode(piece).decode("ascii")
-        await _call(kernels, f"{_KERNEL_MODULE}.put({staging!r}, {offset}, {data!r})", timeout, "receiving the snapshot")
+        await _call(
+            kernels,
+            f"{_KERNEL_MODULE}.put({staging!r}, {offset}, {data!r})",
+            timeout,
+            "receiving the snapshot",
+        )

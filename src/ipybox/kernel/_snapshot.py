@@ -38,8 +38,8 @@ from ipybox.kernel._snapshot_format import (
     MAGIC,
     MAX_TRAILER_BYTES,
     TAIL_BYTES,
-    SnapshotFormatError,
     Segment,
+    SnapshotFormatError,
     Trailer,
     encode_trailer,
     parse_trailer,
@@ -59,7 +59,13 @@ _KINDS: tuple[tuple[tuple[type, ...], str], ...] = (
         "a running task or future (running tasks are not kept; start it again after loading)",
     ),
     (
-        (types.GeneratorType, types.CoroutineType, types.AsyncGeneratorType, types.FrameType, types.TracebackType),
+        (
+            types.GeneratorType,
+            types.CoroutineType,
+            types.AsyncGeneratorType,
+            types.FrameType,
+            types.TracebackType,
+        ),
         "a generator, coroutine or frame (a running frame's state cannot be saved)",
     ),
     ((subprocess.Popen,), "a process (processes are not kept; start it again after loading)"),
@@ -127,6 +133,75 @@ def _user_names(ip: Any) -> list[str]:
     return names
 
 
+def _module_name(value: types.ModuleType) -> str | None:
+    name = getattr(value, "__name__", None)
+    return name if isinstance(name, str) and sys.modules.get(name) is value else None
+
+
+class _Writer:
+    """One snapshot being written: a pickle per name, then the trailer."""
+
+    def __init__(self, fd: int, max_bytes: int) -> None:
+        base, self.pickler_name = _pickler()
+        refs: dict[int, str] = {}
+        self.refs = refs
+
+        class Pickler(base):  # type: ignore[valid-type,misc]  # a class chosen at run time
+            def persistent_id(self, obj: Any) -> str | None:
+                return refs.get(id(obj))
+
+        self.pickler = Pickler
+        self.fd, self.max_bytes = fd, max_bytes
+        self.limit = max_bytes - MAX_TRAILER_BYTES - TAIL_BYTES
+        self.offset = len(MAGIC)
+        self.segments: list[Segment] = []
+        self.modules: dict[str, str] = {}
+        self.left_out: dict[str, str] = {}
+        os.pwrite(fd, MAGIC, 0)
+
+    def add(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType):
+            if (module_name := _module_name(value)) is not None:
+                self.modules[name] = module_name
+            else:
+                self.left_out[name] = "a module that cannot be imported again by its name"
+            return
+        kind = next((text for kinds, text in _KINDS if isinstance(value, kinds)), None)
+        if kind is not None:
+            self.left_out[name] = kind
+            return
+        out = _Segment(self.fd, self.offset, self.limit)
+        try:
+            self.pickler(out, protocol=5).dump(value)
+        except _TooLarge:
+            self.left_out[name] = (
+                f"too large: the snapshot would pass its cap of {self.max_bytes} bytes (less room for its "
+                "table of names)"
+            )
+        except Exception as exc:  # broad: whatever stops one value's pickle leaves that name out
+            self.left_out[name] = reason(f"cannot be pickled: {type(exc).__name__}: {exc}")
+        else:
+            self.segments.append(Segment(name, self.offset, out.offset - self.offset, out.hash.hexdigest()))
+            self.offset = out.offset
+            if not isinstance(value, _NOT_REFERENCED):
+                self.refs[id(value)] = name
+            return
+        os.ftruncate(self.fd, self.offset)
+
+    def finish(self) -> Trailer:
+        trailer = Trailer(
+            python=_python(),
+            implementation=platform.python_implementation(),
+            pickler=self.pickler_name,
+            working_dir=os.getcwd(),
+            segments=tuple(self.segments),
+            modules=self.modules,
+            left_out=self.left_out,
+        )
+        os.pwrite(self.fd, encode_trailer(trailer), self.offset)
+        return trailer
+
+
 def save(path: str, max_bytes: int) -> str:
     """Write the namespace to the new file `path`; return the report (JSON).
 
@@ -135,133 +210,110 @@ def save(path: str, max_bytes: int) -> str:
     """
     started = time.perf_counter()
     ip = _shell()
-    namespace = ip.user_ns
-    base, pickler_name = _pickler()
-    refs: dict[int, str] = {}
-
-    class Pickler(base):  # type: ignore[valid-type,misc]  # a class chosen at run time
-        def persistent_id(self, obj: Any) -> str | None:
-            return refs.get(id(obj))
-
-    segments: list[Segment] = []
-    modules: dict[str, str] = {}
-    left_out: dict[str, str] = {}
-    limit = max_bytes - MAX_TRAILER_BYTES - TAIL_BYTES
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        os.write(fd, MAGIC)
-        offset = len(MAGIC)
+        writer = _Writer(fd, max_bytes)
         for name in _user_names(ip):
-            value = namespace[name]
-            if isinstance(value, types.ModuleType):
-                module_name = getattr(value, "__name__", None)
-                if isinstance(module_name, str) and sys.modules.get(module_name) is value:
-                    modules[name] = module_name
-                else:
-                    left_out[name] = "a module that cannot be imported again by its name"
-                continue
-            kind = next((text for kinds, text in _KINDS if isinstance(value, kinds)), None)
-            if kind is not None:
-                left_out[name] = kind
-                continue
-            out = _Segment(fd, offset, limit)
-            try:
-                Pickler(out, protocol=5).dump(value)
-            except _TooLarge:
-                left_out[name] = f"too large: the snapshot would pass its cap of {max_bytes} bytes (less room for its table of names)"
-            except Exception as exc:  # broad: whatever stops one value's pickle leaves that name out
-                left_out[name] = reason(f"cannot be pickled: {type(exc).__name__}: {exc}")
-            else:
-                segments.append(Segment(name, offset, out.offset - offset, out.hash.hexdigest()))
-                offset = out.offset
-                if not isinstance(value, _NOT_REFERENCED):
-                    refs[id(value)] = name
-                continue
-            os.ftruncate(fd, offset)
-        trailer = Trailer(
-            python=_python(),
-            implementation=platform.python_implementation(),
-            pickler=pickler_name,
-            working_dir=os.getcwd(),
-            segments=tuple(segments),
-            modules=modules,
-            left_out=left_out,
-        )
-        os.pwrite(fd, encode_trailer(trailer), offset)
+            writer.add(name, ip.user_ns[name])
+        trailer = writer.finish()
+        size = os.fstat(fd).st_size
     except BaseException:
-        os.close(fd)
         os.unlink(path)
         raise
+    finally:
+        os.close(fd)
+    names = [segment.name for segment in trailer.segments]
+    return _report(names, trailer.modules, trailer.left_out, trailer.working_dir, size, started)
+
+
+def _trailer(fd: int, path: str) -> Trailer:
+    """The checked trailer of the snapshot `fd`, written by this kernel's Python.
+
+    Raises:
+        ValueError: If it is not a whole snapshot, or another Python wrote it.
+    """
     size = os.fstat(fd).st_size
-    os.close(fd)
-    return _report([s.name for s in segments], modules, left_out, trailer.working_dir, size, started)
+    head, tail = os.pread(fd, len(MAGIC), 0), os.pread(fd, TAIL_BYTES, max(size - TAIL_BYTES, 0))
+    try:
+        length = trailer_length(head, tail, size)
+        trailer = parse_trailer(os.pread(fd, length, size - TAIL_BYTES - length), size)
+    except SnapshotFormatError as exc:
+        raise ValueError(f"{path} cannot be loaded: {exc}.") from None
+    here = f"{platform.python_implementation()} {_python()}"
+    if f"{trailer.implementation} {trailer.python}" != here:
+        raise ValueError(
+            f"The snapshot was saved by {trailer.implementation} {trailer.python}, and this kernel runs "
+            f"{here}; its pickles hold code of that version. Load it in a kernel of {trailer.python}."
+        )
+    return trailer
 
 
-def load(path: str, remove: bool = True) -> str:
+def _import_modules(trailer: Trailer, namespace: dict[str, Any], left_out: dict[str, str]) -> dict[str, str]:
+    modules: dict[str, str] = {}
+    for alias, module_name in trailer.modules.items():
+        try:
+            namespace[alias] = importlib.import_module(module_name)
+            modules[alias] = module_name
+        except Exception as exc:  # broad: a module that fails to import is reported, the rest load
+            left_out[alias] = reason(
+                f"module {module_name} could not be imported: {type(exc).__name__}: {exc}"
+            )
+    return modules
+
+
+def _load_values(fd: int, trailer: Trailer, namespace: dict[str, Any], left_out: dict[str, str]) -> list[str]:
+    loaded: dict[str, Any] = {}
+
+    class Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid: Any) -> Any:
+            if pid not in loaded:
+                raise _Missing(pid)
+            return loaded[pid]
+
+    for segment in trailer.segments:
+        data = os.pread(fd, segment.size, segment.offset)
+        if len(data) != segment.size or hashlib.sha256(data).hexdigest() != segment.sha256:
+            left_out[segment.name] = "its bytes changed after the snapshot was checked"
+            continue
+        try:
+            value = Unpickler(io.BytesIO(data)).load()
+        except _Missing as exc:
+            left_out[segment.name] = f"it refers to {exc.args[0]}, which did not load"
+            continue
+        except Exception as exc:  # broad: one name that fails to load is reported, the rest load
+            left_out[segment.name] = reason(f"could not be loaded: {type(exc).__name__}: {exc}")
+            continue
+        loaded[segment.name] = namespace[segment.name] = value
+    return list(loaded)
+
+
+def load(path: str, remove: bool = True, chdir: bool = True) -> str:
     """Load the snapshot file `path` into the namespace (and remove the file); return the report (JSON).
+
+    With `chdir`, the kernel goes back to the saved working directory if it exists (not when the
+    executor keeps the kernel in a working directory of its own).
 
     Raises:
         ValueError: If the file is not a whole snapshot, or was written by another Python.
     """
     started = time.perf_counter()
-    ip = _shell()
-    namespace = ip.user_ns
+    namespace = _shell().user_ns
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    finally:
         if remove:
             os.unlink(path)
-    try:
         size = os.fstat(fd).st_size
-        head, tail = os.pread(fd, len(MAGIC), 0), os.pread(fd, TAIL_BYTES, max(size - TAIL_BYTES, 0))
-        try:
-            length = trailer_length(head, tail, size)
-            trailer = parse_trailer(os.pread(fd, length, size - TAIL_BYTES - length), size)
-        except SnapshotFormatError as exc:
-            raise ValueError(f"{path} cannot be loaded: {exc}.") from None
-        here = f"{platform.python_implementation()} {_python()}"
-        if f"{trailer.implementation} {trailer.python}" != here:
-            raise ValueError(
-                f"The snapshot was saved by {trailer.implementation} {trailer.python}, and this kernel runs "
-                f"{here}; its pickles hold code of that version. Load it in a kernel of {trailer.python}."
-            )
-        loaded: dict[str, Any] = {}
-
-        class Unpickler(pickle.Unpickler):
-            def persistent_load(self, pid: Any) -> Any:
-                if pid not in loaded:
-                    raise _Missing(pid)
-                return loaded[pid]
-
+        trailer = _trailer(fd, path)
         left_out: dict[str, str] = {}
-        modules: dict[str, str] = {}
-        for alias, module_name in trailer.modules.items():
-            try:
-                namespace[alias] = importlib.import_module(module_name)
-                modules[alias] = module_name
-            except Exception as exc:  # broad: a module that fails to import is reported, the rest load
-                left_out[alias] = reason(f"module {module_name} could not be imported: {type(exc).__name__}: {exc}")
-        for segment in trailer.segments:
-            data = os.pread(fd, segment.size, segment.offset)
-            if len(data) != segment.size or hashlib.sha256(data).hexdigest() != segment.sha256:
-                left_out[segment.name] = "its bytes changed after the snapshot was checked"
-                continue
-            try:
-                value = Unpickler(io.BytesIO(data)).load()
-            except _Missing as exc:
-                left_out[segment.name] = f"it refers to {exc.args[0]}, which did not load"
-                continue
-            except Exception as exc:  # broad: one name that fails to load is reported, the rest load
-                left_out[segment.name] = reason(f"could not be loaded: {type(exc).__name__}: {exc}")
-                continue
-            loaded[segment.name] = namespace[segment.name] = value
-        for name, why in trailer.left_out.items():
-            left_out.setdefault(name, f"not saved: {why}")
+        modules = _import_modules(trailer, namespace, left_out)
+        names = _load_values(fd, trailer, namespace, left_out)
     finally:
         os.close(fd)
-    if os.path.isdir(trailer.working_dir):
+    for name, why in trailer.left_out.items():
+        left_out.setdefault(name, f"not saved: {why}")
+    if chdir and os.path.isdir(trailer.working_dir):
         os.chdir(trailer.working_dir)
-    return _report(list(loaded), modules, left_out, trailer.working_dir, size, started)
+    return _report(names, modules, left_out, trailer.working_dir, size, started)
 
 
 def put(path: str, offset: int, data: str) -> int:

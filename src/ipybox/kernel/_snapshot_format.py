@@ -86,7 +86,9 @@ def trailer_length(head: bytes, tail: bytes, file_size: int) -> int:
         SnapshotFormatError: If the file is not a snapshot, or is cut short.
     """
     if head != MAGIC:
-        raise SnapshotFormatError("it is not an ipybox snapshot (its first bytes are not an ipybox snapshot's)")
+        raise SnapshotFormatError(
+            "it is not an ipybox snapshot (its first bytes are not an ipybox snapshot's)"
+        )
     if file_size < len(MAGIC) + TAIL_BYTES or tail[len(tail) - len(END) :] != END:
         raise SnapshotFormatError("it is cut short (truncated): its end mark is missing")
     (length,) = _TAIL.unpack(tail[: _TAIL.size])
