@@ -197,6 +197,47 @@ async def test_download_brings_a_file_back_and_refuses_what_the_kernel_forges(ex
     assert await executor.download("small.txt") == b"back"
 
 
+async def test_a_snapshot_of_a_remote_kernel_travels_over_the_gateways_connection(
+    executor: CodeExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await executor.execute(
+        "import json\nrows = [{'n': i} for i in range(1000)]\nblob = bytes(5 * 1024 * 1024)\n"
+        "def triple(v):\n    return v * 3"
+    )
+    report = await executor.save_snapshot(tmp_path / "remote.snap")
+    assert {"rows", "blob"} <= set(report.names) and report.modules == {"json": "json"}
+    assert report.working_dir == REMOTE_DIR and report.size > 5 * 1024 * 1024
+    await executor.reset()
+    loaded = await executor.load_snapshot(tmp_path / "remote.snap")
+    assert set(loaded.names) == set(report.names)
+    result = await executor.execute("print(len(rows), rows[-1], len(blob), json.dumps([1]))")
+    assert result.text == "1000 {'n': 999} 5242880 [1]"
+    if "triple" in report.names:
+        assert (await executor.execute("print(triple(2))")).text == "6"
+    else:  # Enterprise Gateway's kernels have no cloudpickle: said so, not half-saved
+        assert "cloudpickle" in report.left_out["triple"]
+    # Attack: a pickle that runs code when loaded runs it on the kernel's host, never here.
+    marker = "/tmp/ipybox-snapshot-unpickled"
+    payload = f"open({marker!r}, 'w').close()"
+    await executor.execute(
+        f"class Evil:\n    def __reduce__(self):\n        return (exec, ({payload!r},))\nevil = Evil()"
+    )
+    await executor.save_snapshot(tmp_path / "evil.snap")
+
+    def tripwire(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the application unpickled a snapshot")
+
+    import pickle
+
+    monkeypatch.setattr(pickle, "loads", tripwire)
+    monkeypatch.setattr(pickle, "Unpickler", tripwire)
+    await executor.reset()
+    await executor.load_snapshot(tmp_path / "evil.snap")
+    monkeypatch.undo()
+    assert (await executor.execute(f"import os\nprint(os.path.exists({marker!r}))")).text == "True"
+    assert not await asyncio.to_thread(Path(marker).exists)
+
+
 def test_the_token_is_kept_out_of_the_settings_repr() -> None:
     settings = ExecutorSettings(kernel_gateway_url="http://gateway:8888", kernel_gateway_token="s3cret-token")
     assert settings.remote

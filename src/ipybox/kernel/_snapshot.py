@@ -138,6 +138,11 @@ def _module_name(value: types.ModuleType) -> str | None:
     return name if isinstance(name, str) and sys.modules.get(name) is value else None
 
 
+def _defined_in_a_cell(value: Any) -> bool:
+    """A function or class of the kernel's own namespace, which the standard pickle writes by name only."""
+    return isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == "__main__"
+
+
 class _Writer:
     """One snapshot being written: a pickle per name, then the trailer."""
 
@@ -167,6 +172,8 @@ class _Writer:
                 self.left_out[name] = "a module that cannot be imported again by its name"
             return
         kind = next((text for kinds, text in _KINDS if isinstance(value, kinds)), None)
+        if kind is None and self.pickler_name == "pickle" and _defined_in_a_cell(value):
+            kind = "defined in a cell: saving it needs cloudpickle, which the kernel's Python lacks"
         if kind is not None:
             self.left_out[name] = kind
             return
