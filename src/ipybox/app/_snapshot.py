@@ -29,10 +29,8 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ipybox.app._kernel_host import KernelHost
 from ipybox.app._pooled_kernels import PooledKernels
@@ -98,59 +96,92 @@ class SnapshotReport:
     not_kept: tuple[str, ...] = NOT_KEPT
 
 
-Reader = Callable[[int, int], bytes]  # (size, offset) -> bytes
+def _check(fd: int, size: int, max_bytes: int, what: str) -> Trailer:
+    """Check the snapshot file `fd` of `size` bytes: its frame, and each pickle against its SHA-256.
 
-
-def _check(
-    read: Reader, size: int, max_bytes: int, what: str, write: Callable[[bytes], Any] | None
-) -> Trailer:
-    """Check the snapshot read by `read` (of `size` bytes), handing its bytes to `write` as it goes.
+    Read with ``pread`` into one buffer, never mapped: a file the kernel can truncate must not be
+    able to crash this process (a mapped page that vanishes raises SIGBUS).
 
     Raises:
         SnapshotError: Saying what is wrong with `what`.
     """
+    _cap(size, max_bytes, what)
+    try:
+        head, tail = _read(fd, len(MAGIC), 0), _read(fd, TAIL_BYTES, max(size - TAIL_BYTES, 0))
+        length = trailer_length(head, tail, size)
+        trailer = parse_trailer(_read(fd, length, size - TAIL_BYTES - length), size)
+    except SnapshotFormatError as exc:
+        raise SnapshotError(f"{what} is not a snapshot ipybox can load: {exc}.") from None
+    buffer = bytearray(_CHUNK)
+    for segment in trailer.segments:
+        digest = hashlib.sha256()
+        for start in range(segment.offset, segment.offset + segment.size, _CHUNK):
+            count = min(_CHUNK, segment.offset + segment.size - start)
+            view = memoryview(buffer)[:count]
+            if os.preadv(fd, [view], start) != count:
+                raise SnapshotError(f"{what} changed while it was read; try again.")
+            digest.update(view)
+        if digest.hexdigest() != segment.sha256:
+            raise SnapshotError(
+                f"{what} is damaged: the bytes of {segment.name!r} do not match their checksum."
+            )
+    return trailer
+
+
+def _cap(size: int, max_bytes: int, what: str) -> None:
     if size > max_bytes:
         raise SnapshotError(
             f"{what} is {size} bytes, over the cap of {max_bytes} bytes; pass a larger max_bytes if it "
             "is meant to be this large."
         )
+
+
+def _read(fd: int, size: int, offset: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) != size:
+        raise SnapshotFormatError("it is cut short (truncated)")
+    return data
+
+
+def _copy(source: int | bytes, out: int, size: int) -> None:
+    """Write `source` (a file's first `size` bytes, or bytes) to `out`, in the OS where it can."""
+    offset = 0
+    copy_range = getattr(os, "copy_file_range", None)
+    while offset < size:
+        count = min(_CHUNK, size - offset)
+        if isinstance(source, bytes):
+            done = os.pwrite(out, memoryview(source)[offset : offset + count], offset)
+        elif copy_range is not None:
+            try:
+                done = copy_range(source, out, size - offset, offset, offset)
+            except OSError:  # not between these file systems or files: copied through this process
+                copy_range = None
+                continue
+        else:
+            done = os.pwrite(out, os.pread(source, count, offset), offset)
+        if done == 0:
+            raise SnapshotError("The snapshot changed while it was copied; try again.")
+        offset += done
+
+
+def _keep(source: int | bytes, size: int, max_bytes: int, what: str, dir_fd: int, name: str) -> Trailer:
+    """Copy `source` to `name` in `dir_fd`, check the copy, and only then put it in place
+    (atomically): an earlier file there stays if anything fails."""
+    _cap(size, max_bytes, what)
+    temp = f".{name}.{secrets.token_hex(6)}.part"
+    out = os.open(temp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
     try:
-        length = trailer_length(read(len(MAGIC), 0), read(TAIL_BYTES, max(size - TAIL_BYTES, 0)), size)
-        trailer_bytes = read(length, size - TAIL_BYTES - length)
-        trailer = parse_trailer(trailer_bytes, size)
-    except SnapshotFormatError as exc:
-        raise SnapshotError(f"{what} is not a snapshot ipybox can load: {exc}.") from None
-    if write is not None:
-        write(MAGIC)
-    for segment in trailer.segments:
-        digest = hashlib.sha256()
-        for start in range(segment.offset, segment.offset + segment.size, _CHUNK):
-            piece = read(min(_CHUNK, segment.offset + segment.size - start), start)
-            digest.update(piece)
-            if write is not None:
-                write(piece)
-        if digest.hexdigest() != segment.sha256:
-            raise SnapshotError(
-                f"{what} is damaged: the bytes of {segment.name!r} do not match their checksum."
-            )
-    if write is not None:
-        write(read(length + TAIL_BYTES, size - TAIL_BYTES - length))
+        try:
+            _copy(source, out, size)
+            trailer = _check(out, os.fstat(out).st_size, max_bytes, what)
+        finally:
+            os.close(out)
+        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=dir_fd)
+        raise
     return trailer
-
-
-def _fd_reader(fd: int) -> Reader:
-    def read(size: int, offset: int) -> bytes:
-        data = os.pread(fd, size, offset)
-        if len(data) != size:
-            raise SnapshotError("The snapshot changed while it was read; try again.")
-        return data
-
-    return read
-
-
-def _bytes_reader(data: bytes) -> Reader:
-    view = memoryview(data)
-    return lambda size, offset: bytes(view[offset : offset + size])
 
 
 def _open_regular(dir_fd: int | None, path: str, what: str) -> int:
@@ -167,21 +198,6 @@ def _open_regular(dir_fd: int | None, path: str, what: str) -> int:
         os.close(fd)
         raise SnapshotError(f"{what} is not a regular file of its own; a snapshot is one.")
     return fd
-
-
-def _write_checked(read: Reader, size: int, max_bytes: int, what: str, dir_fd: int, name: str) -> Trailer:
-    """Copy the checked snapshot to `name` in `dir_fd` atomically; an earlier file there stays if it fails."""
-    temp = f".{name}.{secrets.token_hex(6)}.part"
-    out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dir_fd)
-    try:
-        with os.fdopen(out, "wb", closefd=True) as stream:
-            trailer = _check(read, size, max_bytes, what, stream.write)
-        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp, dir_fd=dir_fd)
-        raise
-    return trailer
 
 
 def _dest(path: Path | str, dir_fd: int | None) -> tuple[int, str]:
@@ -275,9 +291,7 @@ async def save(
             await _call(kernels, call, timeout, "saving the snapshot")
             if isinstance(kernels, RemoteKernelHost):
                 data = await kernels.download(staging, max_bytes)
-                trailer = await asyncio.to_thread(
-                    _write_checked, _bytes_reader(data), len(data), max_bytes, what, folder, name
-                )
+                trailer = await asyncio.to_thread(_keep, data, len(data), max_bytes, what, folder, name)
                 size = len(data)
             else:
                 trailer, size = await asyncio.to_thread(
@@ -308,7 +322,7 @@ def _copy_local(
         os.close(kernel_dir)
     try:
         size = os.fstat(fd).st_size
-        return _write_checked(_fd_reader(fd), size, max_bytes, what, folder, name), size
+        return _keep(fd, size, max_bytes, what, folder, name), size
     finally:
         os.close(fd)
 
@@ -343,15 +357,13 @@ async def load(
     try:
         size = os.fstat(fd).st_size
         if isinstance(kernels, RemoteKernelHost):
-            await asyncio.to_thread(_check, _fd_reader(fd), size, max_bytes, what, None)
+            await asyncio.to_thread(_check, fd, size, max_bytes, what)
             await _send(kernels, fd, size, staging, timeout)
             target = staging
         else:
             folder = await asyncio.to_thread(os.open, _kernel_folder(settings), os.O_RDONLY | os.O_DIRECTORY)
             try:
-                await asyncio.to_thread(
-                    _write_checked, _fd_reader(fd), size, max_bytes, what, folder, staging
-                )
+                await asyncio.to_thread(_keep, fd, size, max_bytes, what, folder, staging)
             finally:
                 os.close(folder)
             target = str(_kernel_folder(settings) / staging)
