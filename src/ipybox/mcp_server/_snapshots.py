@@ -172,7 +172,7 @@ class SnapshotTools:
                 report = await self.executor.save_snapshot(_checked(name), dir_fd=folder)
             finally:
                 os.close(folder)
-        except (ConfinedPathError, IpyboxError, TimeoutError, OSError) as exc:
+        except (ConfinedPathError, IpyboxError, TimeoutError, OSError, RuntimeError) as exc:
             logger.warning("The idle session's kernel could not be snapshotted: %s", exc)
             return None
         logger.info("Snapshot %s of an idle session: %d names", name, len(report.names))
