@@ -263,3 +263,26 @@ async def test_a_pooled_executor_saves_and_loads_snapshots(tmp_path: Path) -> No
             loaded = await second.load_snapshot(tmp_path / "pooled.snap")
             assert set(loaded.names) == set(saved.names) == {"f", "data"}
             assert (await second.execute("print(f(data['k'][1]))")).text == "3"
+
+
+async def test_no_trusted_module_can_unpickle_a_snapshot() -> None:
+    """Only the kernel side imports a pickler or the kernel's snapshot code: the application, the
+    gateway and the MCP server check a snapshot's frame and never unpickle it."""
+    import ast
+
+    src = Path(__file__).parents[1] / "src" / "ipybox"
+    forbidden = {"pickle", "_pickle", "cloudpickle", "dill", "marshal", "shelve", "ipybox.kernel._snapshot"}
+    found = []
+    for path in src.rglob("*.py"):
+        if path.parent.name == "kernel":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
+            found += [f"{path.relative_to(src)}: {name}" for name in names if name in forbidden]
+    assert found == []
