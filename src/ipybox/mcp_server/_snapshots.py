@@ -14,6 +14,7 @@ may load it by that name, once: the file moves into the new session's own folder
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
@@ -32,6 +33,7 @@ from ipybox.app._snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, SnapshotReport
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server._cell_answers import _error, _text
 from ipybox.mcp_server._declare import Declared, declare
+from ipybox.mcp_server._session_limits import _REMEMBERED
 
 logger = logging.getLogger(__name__)
 
@@ -49,10 +51,13 @@ class Handovers:
     """Snapshots of sessions closed for idleness, by name, until a later session loads them."""
 
     def __init__(self) -> None:
-        self._folders: dict[str, Path] = {}
+        self._folders: collections.OrderedDict[str, Path] = collections.OrderedDict()
 
     def offer(self, name: str, session_folder: Path) -> None:
         self._folders[name] = session_folder
+        # As many as closed sessions whose clients are told the name (older ones are not told).
+        while len(self._folders) > _REMEMBERED:
+            self._folders.popitem(last=False)
 
     def claim(self, name: str) -> Path | None:
         """The session folder that holds the snapshot `name`, once."""
