@@ -49,8 +49,8 @@ class _Snapshots:
             path: The snapshot file to write (its folder must exist).
             max_bytes: The largest snapshot (default 2 GiB).
             timeout: Seconds the kernel may take to write it.
-            dir_fd: A descriptor of the folder `path` is relative to (as the ``os`` functions take
-                it); `path` then never passes a link.
+            dir_fd: A descriptor of the folder to write in; `path` is then a file name in it,
+                and no link is followed.
 
         Returns:
             The names saved and left out, the modules, the working directory, size and time.
@@ -59,6 +59,7 @@ class _Snapshots:
             RuntimeError: If the executor is not started.
             SnapshotError: If the kernel failed, died or wrote no whole snapshot, or `path`'s folder
                 cannot be written.
+            TimeoutError: If the kernel took longer than `timeout`.
         """
         kernels, _ = self._require_started()
         async with self._lock:
@@ -86,7 +87,8 @@ class _Snapshots:
             path: The snapshot file.
             max_bytes: The largest snapshot taken (default 2 GiB).
             timeout: Seconds the kernel may take to load it.
-            dir_fd: A descriptor of the folder `path` is relative to; `path` then never passes a link.
+            dir_fd: A descriptor of the folder the file is in; `path` is then a file name in it,
+                and no link is followed.
 
         Returns:
             The names restored and those that were not (with the reason), the modules, the working
@@ -96,6 +98,7 @@ class _Snapshots:
             RuntimeError: If the executor is not started.
             SnapshotError: If the file is missing, cut short, not a snapshot, over `max_bytes`, from
                 another Python version, or the kernel failed or died loading it.
+            TimeoutError: If the kernel took longer than `timeout`.
         """
         kernels, _ = self._require_started()
         async with self._lock:

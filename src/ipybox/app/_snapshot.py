@@ -201,16 +201,26 @@ def _open_regular(dir_fd: int | None, path: str, what: str) -> int:
 
 
 def _dest(path: Path | str, dir_fd: int | None) -> tuple[int, str]:
-    """A descriptor of the folder `path` names (its own if `dir_fd` is given), and the file's name."""
+    """A descriptor of the folder `path` names (`dir_fd` itself, duplicated, if given), and the file's name."""
     where = Path(path)
     if not where.name or where.name in (".", ".."):
         raise SnapshotError(f"{str(path)!r} does not name a file; give the snapshot a file name.")
-    parent = str(where.parent) if dir_fd is None else os.path.normpath(str(where.parent))
-    flags = os.O_RDONLY | os.O_DIRECTORY | (os.O_NOFOLLOW if dir_fd is not None else 0)
+    if dir_fd is not None:
+        return os.dup(dir_fd), _file_name(path)
     try:
-        return os.open(parent, flags, dir_fd=dir_fd), where.name
+        return os.open(where.parent, os.O_RDONLY | os.O_DIRECTORY), where.name
     except OSError as exc:
         raise SnapshotError(f"The folder of {str(path)!r} cannot be opened: {exc.strerror or exc}.") from None
+
+
+def _file_name(path: Path | str) -> str:
+    """`path` as one file name: with a folder's descriptor, nothing on the way can be a link."""
+    name = str(path)
+    if not name or "/" in name or name in (".", ".."):
+        raise SnapshotError(
+            f"With dir_fd, the snapshot is named by a file name in that folder, not {name!r}."
+        )
+    return name
 
 
 async def _call(kernels: Kernels, expression: str, timeout: float, doing: str) -> str:
@@ -352,7 +362,9 @@ async def load(
     """Load the snapshot at `path` into the kernel; see `CodeExecutor.load_snapshot`."""
     started = time.perf_counter()
     what = repr(str(path))
-    fd = await asyncio.to_thread(_open_regular, dir_fd, str(path), what)
+    fd = await asyncio.to_thread(
+        _open_regular, dir_fd, str(path) if dir_fd is None else _file_name(path), what
+    )
     staging = _staging_name()
     try:
         size = os.fstat(fd).st_size
