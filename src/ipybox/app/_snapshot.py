@@ -3,8 +3,9 @@
 Application side. The snapshot's bytes are written by the kernel (untrusted) and are unpickled only
 by the kernel (`ipybox.kernel._snapshot`, called from silent cells): this module never imports a
 pickler. It checks the frame around the pickles (`ipybox.kernel._snapshot_format`: the magic, the
-format, the size, each pickle's SHA-256, the cap) whenever a file crosses to or from the kernel,
-so that what the application keeps is a whole snapshot and what it hands a kernel is one too.
+format, the sizes, the cap) whenever a file crosses to or from the kernel, and each pickle's SHA-256
+before a file goes into a kernel, so that what the application keeps is a whole snapshot and what it
+hands a kernel is undamaged.
 
 How the file travels:
 
@@ -96,8 +97,10 @@ class SnapshotReport:
     not_kept: tuple[str, ...] = NOT_KEPT
 
 
-def _check(fd: int, size: int, max_bytes: int, what: str) -> Trailer:
-    """Check the snapshot file `fd` of `size` bytes: its frame, and each pickle against its SHA-256.
+def _check(fd: int, size: int, max_bytes: int, what: str, hashes: bool = True) -> Trailer:
+    """Check the snapshot file `fd` of `size` bytes: its frame, and (`hashes`) each pickle against
+    its SHA-256. A file on its way into a kernel is checked whole; one the kernel just wrote only
+    for its frame (its checksums are the kernel's own word, and are checked when it is loaded).
 
     Read with ``pread`` into one buffer, never mapped: a file the kernel can truncate must not be
     able to crash this process (a mapped page that vanishes raises SIGBUS).
@@ -113,7 +116,7 @@ def _check(fd: int, size: int, max_bytes: int, what: str) -> Trailer:
     except SnapshotFormatError as exc:
         raise SnapshotError(f"{what} is not a snapshot ipybox can load: {exc}.") from None
     buffer = bytearray(_CHUNK)
-    for segment in trailer.segments:
+    for segment in trailer.segments if hashes else ():
         digest = hashlib.sha256()
         for start in range(segment.offset, segment.offset + segment.size, _CHUNK):
             count = min(_CHUNK, segment.offset + segment.size - start)
@@ -164,7 +167,9 @@ def _copy(source: int | bytes, out: int, size: int) -> None:
         offset += done
 
 
-def _keep(source: int | bytes, size: int, max_bytes: int, what: str, dir_fd: int, name: str) -> Trailer:
+def _keep(
+    source: int | bytes, size: int, max_bytes: int, what: str, dir_fd: int, name: str, hashes: bool
+) -> Trailer:
     """Copy `source` to `name` in `dir_fd`, check the copy, and only then put it in place
     (atomically): an earlier file there stays if anything fails."""
     _cap(size, max_bytes, what)
@@ -173,7 +178,7 @@ def _keep(source: int | bytes, size: int, max_bytes: int, what: str, dir_fd: int
     try:
         try:
             _copy(source, out, size)
-            trailer = _check(out, os.fstat(out).st_size, max_bytes, what)
+            trailer = _check(out, os.fstat(out).st_size, max_bytes, what, hashes)
         finally:
             os.close(out)
         os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -301,7 +306,9 @@ async def save(
             await _call(kernels, call, timeout, "saving the snapshot")
             if isinstance(kernels, RemoteKernelHost):
                 data = await kernels.download(staging, max_bytes)
-                trailer = await asyncio.to_thread(_keep, data, len(data), max_bytes, what, folder, name)
+                trailer = await asyncio.to_thread(
+                    _keep, data, len(data), max_bytes, what, folder, name, False
+                )
                 size = len(data)
             else:
                 trailer, size = await asyncio.to_thread(
@@ -332,7 +339,7 @@ def _copy_local(
         os.close(kernel_dir)
     try:
         size = os.fstat(fd).st_size
-        return _keep(fd, size, max_bytes, what, folder, name), size
+        return _keep(fd, size, max_bytes, what, folder, name, False), size
     finally:
         os.close(fd)
 
@@ -375,7 +382,7 @@ async def load(
         else:
             folder = await asyncio.to_thread(os.open, _kernel_folder(settings), os.O_RDONLY | os.O_DIRECTORY)
             try:
-                await asyncio.to_thread(_keep, fd, size, max_bytes, what, folder, staging)
+                await asyncio.to_thread(_keep, fd, size, max_bytes, what, folder, staging, True)
             finally:
                 os.close(folder)
             target = str(_kernel_folder(settings) / staging)
