@@ -11,6 +11,10 @@ that is the value of an earlier name as well is written as a reference to that n
 names are the same object again after a load). Functions and classes defined in cells are pickled
 by value with ``cloudpickle`` when the kernel's Python has it (ipybox depends on it); without it,
 the standard ``pickle`` writes them by reference, and they are left out.
+
+Not ``dill.dump_module``: it pickles ``__main__`` as one object, so that one value it cannot pickle
+(in a kernel, ``sys.stdout`` is an output stream on a ZMQ socket, and IPython's own objects sit in
+the namespace) fails the whole save, and one that cannot be loaded fails the whole load.
 """
 
 from __future__ import annotations
