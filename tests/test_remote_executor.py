@@ -652,6 +652,22 @@ async def test_the_mcp_servers_file_tools_act_in_the_remote_kernel_and_install_p
         assert refused.is_error and "deploy/kernel-image" in text_of(refused)
 
 
+@pytest.mark.slow
+async def test_the_mcp_servers_snapshot_tools_save_and_load_a_remote_kernels_state(
+    gateway: RemoteGateway, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "workspace"
+    async with connected(remote_server(gateway, workspace)) as client:
+        await run(client, "rows = [{'n': i} for i in range(100)]")
+        saved = await client.call_tool("save_snapshot", {"name": "rows"})
+        assert not saved.is_error and "1 names (rows)" in text_of(saved), text_of(saved)
+        assert (workspace / "snapshots" / "rows.ipybox-snapshot").is_file()  # kept here, by the server
+        assert not (await client.call_tool("reset", {})).is_error
+        loaded = await client.call_tool("load_snapshot", {"name": "rows"})
+        assert not loaded.is_error, text_of(loaded)
+        assert text_of(await run(client, "print(rows[-1])")) == "{'n': 99}"
+
+
 def test_the_cli_refuses_the_sandbox_and_a_bad_url_with_a_gateway() -> None:
     with pytest.raises(SystemExit):
         parse_args(["--kernel-gateway-url", "http://gateway:8888", "--sandbox"])
