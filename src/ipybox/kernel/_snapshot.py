@@ -281,21 +281,20 @@ def _load_values(fd: int, trailer: Trailer, namespace: dict[str, Any], left_out:
                 raise _Missing(pid)
             return loaded[pid]
 
-    for segment in trailer.segments:
-        # The application checked each pickle's SHA-256 on the way in; a change since is the kernel's own.
-        data = os.pread(fd, segment.size, segment.offset)
-        if len(data) != segment.size:
-            left_out[segment.name] = "the file was cut short after the snapshot was checked"
-            continue
-        try:
-            value = Unpickler(io.BytesIO(data)).load()
-        except _Missing as exc:
-            left_out[segment.name] = f"it refers to {exc.args[0]}, which did not load"
-            continue
-        except Exception as exc:  # broad: one name that fails to load is reported, the rest load
-            left_out[segment.name] = reason(f"could not be loaded: {type(exc).__name__}: {exc}")
-            continue
-        loaded[segment.name] = namespace[segment.name] = value
+    # Read from the file itself: large buffers (numpy arrays) go straight from it into their objects.
+    with open(fd, "rb", closefd=False) as stream:
+        for segment in trailer.segments:
+            # The application checked each pickle's SHA-256 on the way in; a change since is the kernel's own.
+            stream.seek(segment.offset)
+            try:
+                value = Unpickler(stream).load()
+            except _Missing as exc:
+                left_out[segment.name] = f"it refers to {exc.args[0]}, which did not load"
+                continue
+            except Exception as exc:  # broad: one name that fails to load is reported, the rest load
+                left_out[segment.name] = reason(f"could not be loaded: {type(exc).__name__}: {exc}")
+                continue
+            loaded[segment.name] = namespace[segment.name] = value
     return list(loaded)
 
 
