@@ -9,6 +9,7 @@ def test_public_names_are_exported_and_importable() -> None:
         "CodeExecutionResult",
         "CodeExecutor",
         "KernelPool",
+        "SnapshotReport",
         "generate_mcp_sources",
     ]
     assert ipybox.__all__ == exported

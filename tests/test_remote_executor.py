@@ -197,6 +197,47 @@ async def test_download_brings_a_file_back_and_refuses_what_the_kernel_forges(ex
     assert await executor.download("small.txt") == b"back"
 
 
+async def test_a_snapshot_of_a_remote_kernel_travels_over_the_gateways_connection(
+    executor: CodeExecutor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await executor.execute(
+        "import json\nrows = [{'n': i} for i in range(1000)]\nblob = bytes(5 * 1024 * 1024)\n"
+        "def triple(v):\n    return v * 3"
+    )
+    report = await executor.save_snapshot(tmp_path / "remote.snap")
+    assert {"rows", "blob"} <= set(report.names) and report.modules == {"json": "json"}
+    assert report.working_dir == REMOTE_DIR and report.size > 5 * 1024 * 1024
+    await executor.reset()
+    loaded = await executor.load_snapshot(tmp_path / "remote.snap")
+    assert set(loaded.names) == set(report.names)
+    result = await executor.execute("print(len(rows), rows[-1], len(blob), json.dumps([1]))")
+    assert result.text == "1000 {'n': 999} 5242880 [1]"
+    if "triple" in report.names:
+        assert (await executor.execute("print(triple(2))")).text == "6"
+    else:  # Enterprise Gateway's kernels have no cloudpickle: said so, not half-saved
+        assert "cloudpickle" in report.left_out["triple"]
+    # Attack: a pickle that runs code when loaded runs it on the kernel's host, never here.
+    marker = "/tmp/ipybox-snapshot-unpickled"
+    payload = f"open({marker!r}, 'w').close()"
+    await executor.execute(
+        f"class Evil:\n    def __reduce__(self):\n        return (exec, ({payload!r},))\nevil = Evil()"
+    )
+    await executor.save_snapshot(tmp_path / "evil.snap")
+
+    def tripwire(*args: object, **kwargs: object) -> object:
+        raise AssertionError("the application unpickled a snapshot")
+
+    import pickle
+
+    monkeypatch.setattr(pickle, "loads", tripwire)
+    monkeypatch.setattr(pickle, "Unpickler", tripwire)
+    await executor.reset()
+    await executor.load_snapshot(tmp_path / "evil.snap")
+    monkeypatch.undo()
+    assert (await executor.execute(f"import os\nprint(os.path.exists({marker!r}))")).text == "True"
+    assert not await asyncio.to_thread(Path(marker).exists)
+
+
 def test_the_token_is_kept_out_of_the_settings_repr() -> None:
     settings = ExecutorSettings(kernel_gateway_url="http://gateway:8888", kernel_gateway_token="s3cret-token")
     assert settings.remote
@@ -609,6 +650,22 @@ async def test_the_mcp_servers_file_tools_act_in_the_remote_kernel_and_install_p
             assert refused.is_error and expected in text_of(refused), text_of(refused)
         refused = await client.call_tool("install_package", {"package_name": "requests"})
         assert refused.is_error and "deploy/kernel-image" in text_of(refused)
+
+
+@pytest.mark.slow
+async def test_the_mcp_servers_snapshot_tools_save_and_load_a_remote_kernels_state(
+    gateway: RemoteGateway, tmp_path: Path
+) -> None:
+    workspace = tmp_path / "workspace"
+    async with connected(remote_server(gateway, workspace)) as client:
+        await run(client, "rows = [{'n': i} for i in range(100)]")
+        saved = await client.call_tool("save_snapshot", {"name": "rows"})
+        assert not saved.is_error and "1 names (rows)" in text_of(saved), text_of(saved)
+        assert (workspace / "snapshots" / "rows.ipybox-snapshot").is_file()  # kept here, by the server
+        assert not (await client.call_tool("reset", {})).is_error
+        loaded = await client.call_tool("load_snapshot", {"name": "rows"})
+        assert not loaded.is_error, text_of(loaded)
+        assert text_of(await run(client, "print(rows[-1])")) == "{'n': 99}"
 
 
 def test_the_cli_refuses_the_sandbox_and_a_bad_url_with_a_gateway() -> None:

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ipybox.app._executor import CodeExecutor
     from ipybox.app._pool import KernelPool
     from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
+    from ipybox.app._snapshot import SnapshotReport
     from ipybox.errors import CodeExecutionError
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "CodeExecutionResult",
     "CodeExecutor",
     "KernelPool",
+    "SnapshotReport",
     "generate_mcp_sources",
 ]
 
@@ -41,6 +43,7 @@ _EXPORTS = {
     "CodeExecutionResult": "ipybox.app._results",
     "CodeExecutor": "ipybox.app._executor",
     "KernelPool": "ipybox.app._pool",
+    "SnapshotReport": "ipybox.app._snapshot",
     "generate_mcp_sources": "ipybox.app._apigen",
 }
 

@@ -27,10 +27,11 @@ in ``ipybox``)::
     │   ├── ApprovalConnectionError     an ApprovalClient cannot reach or lost the tool server
     │   └── ApprovalDecisionError       a decision was not taken (already decided, or expired)
     ├── ApiGenerationError        a typed API could not be generated for an MCP server
+    ├── SnapshotError             a kernel snapshot could not be saved or loaded
     └── ToolSearchError           a tool search got bad input or found no usable index
 
 ``GatewayError``, ``KernelConnectionError`` and ``ToolServerError`` are also ``RuntimeError`` and
-``ServerParamsError``, ``ToolSearchError`` and ``PolicyError`` are also ``ValueError``, the approval errors are ``RuntimeError``
+``ServerParamsError``, ``ToolSearchError``, ``PolicyError`` and ``SnapshotError`` are also ``ValueError``, the approval errors are ``RuntimeError``
 (``ApprovalConnectionError`` is ``ConnectionError``), as the API reference documents.
 """
 
@@ -58,6 +59,7 @@ __all__ = [
     "SandboxUnavailableError",
     "ServerParamsError",
     "ShellEscapeRequiredError",
+    "SnapshotError",
     "ToolCallOutcome",
     "ToolRunnerError",
     "ToolSearchError",
@@ -196,6 +198,11 @@ class ApprovalDecisionError(ApprovalError):
 
 class ApiGenerationError(IpyboxError):
     """A typed Python API could not be generated for an MCP server."""
+
+
+class SnapshotError(IpyboxError, ValueError):
+    """A snapshot could not be saved or loaded: missing, cut short, not a snapshot, too large, of
+    another Python, or refused by the kernel (the message says which, and what to do)."""
 
 
 class ShellEscapeRequiredError(IpyboxError, RuntimeError):

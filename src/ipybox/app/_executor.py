@@ -18,6 +18,7 @@ from ipybox._wire import StdinChannel, ToolServerEnv
 from ipybox.app import _sandbox
 from ipybox.app._approval_client import ApprovalClient
 from ipybox.app._executor_cells import _Cells, _Item
+from ipybox.app._executor_snapshots import _Snapshots
 from ipybox.app._kernel_host import KernelHost
 from ipybox.app._oversight import Oversight
 from ipybox.app._policy import Policy
@@ -36,7 +37,7 @@ from ipybox.errors import (
 __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
 
 
-class CodeExecutor(_Cells):
+class CodeExecutor(_Cells, _Snapshots):
     """Runs Python in a stateful IPython kernel, with MCP tool calls approved by the application.
 
     `start()` launches a tool server and a Jupyter Kernel Gateway and connects a kernel.

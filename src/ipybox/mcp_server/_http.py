@@ -28,6 +28,7 @@ from ipybox.mcp_server._announce import announce, stage
 from ipybox.mcp_server._files import MAX_FILE_BYTES
 from ipybox.mcp_server._server import Settings, build_server
 from ipybox.mcp_server._session_limits import DEFAULT_IDLE_TIMEOUT, SessionLimits
+from ipybox.mcp_server._snapshots import Handovers
 from ipybox.mcp_server._tools import ToolSession
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ class SessionTable:
         self._entries: dict[str, _Entry] = {}
         self._warm: ToolSession | None = None
         self._registered = asyncio.Condition()
+        # Snapshots of sessions closed for idleness, for their clients' next sessions.
+        self.handovers = Handovers()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -106,6 +109,7 @@ class SessionTable:
                 tools, self._warm = self._warm, None
                 if tools is None:
                     tools = await self.settings.start_session()
+                tools.handovers = self.handovers
                 if self.settings.session_folders:
                     print(
                         f"ipybox: a new MCP session works in {tools.workspace}", file=sys.stderr, flush=True
@@ -117,6 +121,12 @@ class SessionTable:
             # Until the session ends or is idle; its tool calls get the executor, or the error.
             await self.limits.until_idle(session_id, lambda: tools is not None and tools.executor.busy)
             idle = True
+            if tools is not None and (name := await tools.save_for_idle()) is not None:
+                self.limits.add_note(
+                    session_id,
+                    f" Its kernel's state was saved first, as snapshot {name!r}: in the new session, call "
+                    f"load_snapshot(name={name!r}) to get its variables back.",
+                )
         finally:
             if self._entries.get(session_id) is entry:
                 del self._entries[session_id]

@@ -197,6 +197,11 @@ class SessionLimits:
         while len(self._closed) > _REMEMBERED:
             self._closed.popitem(last=False)
 
+    def add_note(self, session_id: str, note: str) -> None:
+        """Add `note` to what requests of the closed session `session_id` are answered."""
+        if session_id in self._closed:
+            self._closed[session_id] += note
+
     async def close(self, session_id: str, path: str) -> None:
         """Close `session_id` in the SDK as a client's ``DELETE`` of `path` would (made in-process),
         which frees its place under the cap and ends its GET stream."""

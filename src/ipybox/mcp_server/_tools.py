@@ -39,6 +39,7 @@ from ipybox.mcp_server import _elicit, _files, _search
 from ipybox.mcp_server._cell_answers import Progress, _CellAnswers, _error, _report_progress, _text
 from ipybox.mcp_server._declare import Declared, declare
 from ipybox.mcp_server._install import Installer, InstallError
+from ipybox.mcp_server._snapshots import SNAPSHOT_TOOLS, SnapshotTools
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ TOOLS: dict[str, Declared] = {}
 _tool = functools.partial(declare, TOOLS)
 
 
-class ToolSession(_CellAnswers):
+class ToolSession(_CellAnswers, SnapshotTools):
     """The tools of one MCP session, on that session's executor.
 
     Args:
@@ -446,6 +447,9 @@ class ToolSession(_CellAnswers):
     async def _run_quietly(self, code: str) -> None:
         with contextlib.suppress(CodeExecutionError, TimeoutError):
             await self.executor.execute(code, timeout=30)
+
+
+TOOLS.update(SNAPSHOT_TOOLS)
 
 
 def _shown(path: str) -> str:
