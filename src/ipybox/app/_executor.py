@@ -319,8 +319,7 @@ class CodeExecutor(_Cells):
                 log_level=settings.log_level,
                 log_to_stderr=True,
                 registry=self._registry,
-                # A remote kernel's working directory is on its host, not here.
-                scope=(None if settings.remote else settings.working_dir) or Path.cwd().resolve(),
+                scope=settings.import_folders(),
                 approve_tool_calls=settings.approve_tool_calls,
                 max_result_size=settings.max_result_size,
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,

@@ -6,6 +6,7 @@ server, the kernels) are then made from it and never read the executor's state b
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -188,6 +189,20 @@ class ExecutorSettings:
         tool server in a sandbox of their own (sandboxed on Linux, with shell commands approved;
         macOS has no such filter: there shell approval stays a guard in the kernel)."""
         return self.sandbox and self.approve_shell_cmds and sys.platform == "linux"
+
+    def import_folders(self) -> tuple[Path, ...]:
+        """The folders the application itself puts on the kernel's import path: the working
+        directory (this process's when none is given) and the absolute entries of `kernel_env`'s
+        ``PYTHONPATH`` (a relative one depends on where the kernel process starts, not on the
+        working directory). The tool server runs the servers whose API was generated there;
+        nothing the kernel does at run time changes them. A remote kernel's folders are on its
+        host: only this process's working directory counts."""
+        home = Path.cwd().resolve() if self.working_dir is None or self.remote else self.working_dir
+        if self.remote:
+            return (home,)
+        entries = self.kernel_env.get("PYTHONPATH", "").split(os.pathsep)
+        folders = [home, *(Path(entry).resolve() for entry in entries if os.path.isabs(entry))]
+        return tuple(dict.fromkeys(folders))
 
     def kernel_settings(self) -> dict[str, str]:
         """The kernel's environment before the tool server's address: `kernel_env` and what the
