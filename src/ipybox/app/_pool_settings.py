@@ -27,6 +27,7 @@ _KERNEL_FIELDS = (
     "approve_shell_cmds",
     "require_shell_escape",
     "sandbox_hidden",
+    "warm_imports",
 )
 
 
