@@ -26,7 +26,7 @@ from ipybox.app._pooled_kernels import PooledKernels
 from ipybox.app._registry import ServerRegistry, default_registry
 from ipybox.app._remote_host import RemoteKernelHost
 from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
-from ipybox.app._settings import DEFAULT_WARM_IMPORTS, ExecutorSettings
+from ipybox.app._settings import ExecutorSettings
 from ipybox.app._stdin_tools import StdinToolCalls
 from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE, ToolServer
 from ipybox.errors import (
@@ -103,11 +103,13 @@ class CodeExecutor(_Cells):
             ``os.chdir`` persists.
         spare_kernel: Keep a spare kernel warm so that `reset()` takes milliseconds; ``False``
             saves that kernel's memory (the MCP server's HTTP sessions do).
-        warm_imports: Modules every kernel imports in a background thread from its start (a
-            spare or pooled kernel while it waits to be handed out), so that the first cell that
-            needs them finds them loaded; a cell importing one meanwhile waits for that import.
-            The default, ``("matplotlib.pyplot",)``, makes a first plot about 0.4 s faster and
-            costs each kernel about 30 MB of memory; ``()`` imports nothing ahead.
+        warm_imports: Modules every kernel imports in a background thread once it has run no
+            cell for half a second (a spare kernel while it waits to be handed out), so that the
+            first cell that needs them finds them loaded; a cell importing one meanwhile waits for
+            that import. ``None``: ``("matplotlib.pyplot",)``, which makes a first plot about
+            0.4 s faster and costs each kernel about 31 MB of memory, or ``()`` with
+            ``sandbox=True`` (a sandboxed kernel builds matplotlib's font cache at its first
+            import, seconds of CPU). ``()`` imports nothing ahead.
         max_result_size: Bytes one tool result may have on its way to the kernel (binary content
             counts as its base64; default 32 MiB); a larger result fails that call with an error
             naming the limit, and the next call works.
@@ -185,7 +187,7 @@ class CodeExecutor(_Cells):
         memory_limit: int | str | None = None,
         max_processes: int | None = None,
         spare_kernel: bool = True,
-        warm_imports: tuple[str, ...] = DEFAULT_WARM_IMPORTS,
+        warm_imports: tuple[str, ...] | None = None,
         max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
         sandbox_hidden: tuple[Path, ...] = (),
         tracing: Any = False,

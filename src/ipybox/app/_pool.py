@@ -40,7 +40,7 @@ from ipybox.app._pool_settings import check_executor, check_hidden, pool_gateway
 from ipybox.app._pool_stock import KernelStock
 from ipybox.app._pooled_kernels import PooledKernels
 from ipybox.app._registry import ServerRegistry, default_registry
-from ipybox.app._settings import DEFAULT_WARM_IMPORTS, ExecutorSettings
+from ipybox.app._settings import ExecutorSettings
 from ipybox.app._shell import KernelConfinement
 
 __all__ = ["KernelPool"]
@@ -84,7 +84,8 @@ class KernelPool:
         approve_shell_cmds: See `CodeExecutor`.
         require_shell_escape: See `CodeExecutor`.
         sandbox_hidden: See `CodeExecutor`; the default audit trail's folder is always hidden.
-        warm_imports: See `CodeExecutor`. A kernel counts as ready once it has imported them.
+        warm_imports: See `CodeExecutor`. A kernel counts as ready only once it has imported them;
+            an executor on the pool gets kernels with the pool's, whatever its own.
         kernel_gateway_host: Host the gateway binds to.
         log_level: Log level of the gateway.
         registry: The trusted registry whose folder sandboxed kernels can never write; executors on
@@ -114,7 +115,7 @@ class KernelPool:
         approve_shell_cmds: bool = False,
         require_shell_escape: bool = False,
         sandbox_hidden: tuple[Path, ...] = (),
-        warm_imports: tuple[str, ...] = DEFAULT_WARM_IMPORTS,
+        warm_imports: tuple[str, ...] | None = None,
         kernel_gateway_host: str = "localhost",
         log_level: str = "WARNING",
         registry: ServerRegistry | None = None,

@@ -29,8 +29,8 @@ __all__ = ["WARM_UP", "PoolKernel", "hand_out", "make_folder", "run_hidden"]
 _SETUP_TIMEOUT = 30.0
 _SOCKET_NAME = "tools.sock"
 WARM_UP = "__import__('ipybox.kernel._warm', fromlist=['wait']).wait()"
-"""Warms a fresh kernel's first execution (imports the execution path pulls in lazily) and waits
-for its warm imports (`ipybox.kernel._warm`): a pool's kernel is ready once they are done."""
+"""Warms a fresh kernel's first execution (imports the execution path pulls in lazily) and makes
+its warm imports (`ipybox.kernel._warm`) now: a pool's kernel is ready once they are done."""
 
 
 @dataclass

@@ -27,7 +27,6 @@ _KERNEL_FIELDS = (
     "approve_shell_cmds",
     "require_shell_escape",
     "sandbox_hidden",
-    "warm_imports",
 )
 
 

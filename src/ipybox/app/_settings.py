@@ -24,8 +24,10 @@ __all__ = ["DEFAULT_WARM_IMPORTS", "ExecutorSettings"]
 
 _MIN_PROCESSES = 16
 DEFAULT_WARM_IMPORTS: tuple[str, ...] = ("matplotlib.pyplot",)
-"""What a kernel imports in the background from its start: pyplot takes about 0.4 s to import, and
-a plot is among the first things an agent does. It costs a kernel about 30 MB of private memory."""
+"""What an unsandboxed kernel imports in the background while idle: pyplot takes about 0.4 s to
+import, and a plot is among the first things an agent does. It costs a kernel about 31 MB of
+memory. A sandboxed kernel imports nothing ahead by default: its matplotlib font cache is private
+to it and built anew at its first import (1.5-2 s of CPU), which every spare would pay."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +70,7 @@ class ExecutorSettings:
     kernel_gateway_token: str | None = field(default=None, repr=False)
     kernel_name: str | None = None
     kernel_start_timeout: float = 120
-    warm_imports: tuple[str, ...] = DEFAULT_WARM_IMPORTS
+    warm_imports: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kernel_gateway_url is not None:
@@ -112,7 +114,10 @@ class ExecutorSettings:
         if self.working_dir is not None and not self.remote:
             object.__setattr__(self, "working_dir", Path(self.working_dir).resolve())
         object.__setattr__(self, "sandbox_hidden", tuple(Path(folder) for folder in self.sandbox_hidden))
-        object.__setattr__(self, "warm_imports", _checked_modules(self.warm_imports))
+        warm = self.warm_imports
+        if warm is None:
+            warm = () if self.sandbox else DEFAULT_WARM_IMPORTS
+        object.__setattr__(self, "warm_imports", _checked_modules(warm))
 
     def _choose_tool_channel(self) -> None:
         """A remote kernel reaches nothing but its gateway: its tool calls come over its stdin channel."""
