@@ -121,17 +121,23 @@ async def _settle() -> None:
     await asyncio.sleep(3)
 
 
-async def pss_per_session(sandbox: bool, work: Path, more: int = 5) -> dict[str, float]:
+async def pss_per_session(
+    sandbox: bool, work: Path, more: int = 5, warm: dict[str, Any] | None = None
+) -> dict[str, float]:
+    """`warm`: ``{"warm_imports": ...}`` for the pool and its executors (default: ipybox's)."""
+    warm = warm or {}
     results: dict[str, float] = {}
     for label, pooled in (("today", False), ("pool", True)):
         executors: list[CodeExecutor] = []
-        pool = KernelPool(size=2, sandbox=sandbox, working_dir=work) if pooled else None
+        pool = KernelPool(size=2, sandbox=sandbox, working_dir=work, **warm) if pooled else None
         try:
             if pool is not None:
                 await pool.start()
             for count in (1, 1 + more):
                 while len(executors) < count:
-                    executor = CodeExecutor(sandbox=sandbox, working_dir=work, pool=pool, spare_kernel=False)
+                    executor = CodeExecutor(
+                        sandbox=sandbox, working_dir=work, pool=pool, spare_kernel=False, **warm
+                    )
                     await executor.start()
                     await executor.execute("x = 1")
                     executors.append(executor)
@@ -232,6 +238,11 @@ async def main() -> None:
     parser.add_argument("--no-sandbox", action="store_true", help="leave the sandboxed figures out")
     parser.add_argument("--json", type=Path)
     parser.add_argument(
+        "--no-warm-imports",
+        action="store_true",
+        help="kernels import nothing ahead (warm_imports=()), to measure what the default costs",
+    )
+    parser.add_argument(
         "--only", default=",".join(_FIGURES), help=f"comma-separated, of {', '.join(_FIGURES)}"
     )
     args = parser.parse_args()
@@ -254,7 +265,8 @@ async def main() -> None:
             )
         for sandbox in modes if "pss_per_session" in only else []:
             name = "sandboxed" if sandbox else "unsandboxed"
-            memory = await pss_per_session(sandbox, work, more=3 if args.quick else 5)
+            warm = {"warm_imports": ()} if args.no_warm_imports else None
+            memory = await pss_per_session(sandbox, work, more=3 if args.quick else 5, warm=warm)
             results[f"pss_per_session_{name}"] = memory
             print(
                 f"pss_per_session ({name}): {memory['pool_per_session_mb']:.1f} MB with a shared gateway, "

@@ -53,6 +53,7 @@ FIGURES = [
     Figure("executor_reset", "CodeExecutor.reset() to next result", 0.15),
     # The target is an absolute 0.2 s, against the reference's ~0.6 s.
     Figure("executor_stop", "CodeExecutor.stop() after a result", 0.35),
+    Figure("first_plot", "first cell of a started CodeExecutor: import pyplot, plot, show()", 0.5),
     Figure("tool_call", "ToolRunner.run_sync, auto-approved", 0.3),
     Figure("approval_call", "ToolRunner.run_sync, approval round trip", 0.4),
     # An absolute target (<= 250 ms, under the table); one after the other the calls take over 2 s.

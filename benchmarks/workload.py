@@ -279,6 +279,33 @@ async def fig_executor_reset(args: argparse.Namespace) -> dict[str, Any]:
     return {**summary(samples), "gap_s": args.reset_gap}
 
 
+PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()"
+
+
+async def fig_first_plot(args: argparse.Namespace) -> dict[str, Any]:
+    """A started executor, idle for the agent's first think (the reset gap, not timed), then its
+    first cell: import pyplot, draw one line, show it. A run whose result has no image counts as
+    short and is left out of the median."""
+    from ipybox import CodeExecutor
+
+    runs = 3 if args.quick else 7
+    samples: list[float] = []
+    short = 0
+    for _ in range(runs):
+        async with CodeExecutor(images_dir=Path("images")) as executor:
+            await asyncio.sleep(args.reset_gap)
+            start = time.perf_counter()
+            result = await executor.execute(PLOT)
+            elapsed = ms(time.perf_counter() - start)
+        if len(result.images) == 1:
+            samples.append(elapsed)
+        else:
+            short += 1
+    if not samples:
+        raise RuntimeError(f"none of {runs} plot cells returned an image")
+    return {**summary(samples), "gap_s": args.reset_gap, **({"short": short} if short else {})}
+
+
 # --- tool layer ---------------------------------------------------------------------------
 
 
@@ -597,6 +624,7 @@ FIGURES: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, dict[str, 
     "executor_start": fig_executor_start,
     "executor_reset": fig_executor_reset,
     "executor_stop": fig_executor_stop,
+    "first_plot": fig_first_plot,
     "tool_call": fig_tool_call,
     "approval_call": fig_approval_call,
     "mcp_floor": fig_mcp_floor,

@@ -24,6 +24,11 @@ from ipybox import CodeExecutor
         ({"max_processes": 3}, "max_processes must be at least 16"),
         ({"sandbox_config": Path("srt.json")}, "was given without sandbox=True"),
         ({"kernel_env": {"A": 1}}, r"kernel_env\['A'\] is 1 \(int\)"),
+        ({"warm_imports": "matplotlib"}, "warm_imports must be a tuple of module names"),
+        (
+            {"warm_imports": ("matplotlib pyplot",)},
+            "warm_imports has 'matplotlib pyplot', which is not a module",
+        ),
     ],
 )
 def test_a_bad_argument_is_refused_when_the_executor_is_made_naming_it(

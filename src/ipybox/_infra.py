@@ -165,6 +165,8 @@ class Guard:
 
     Args:
         hint: Appended to the 401 message: where the client finds the token.
+        jsonrpc: Refuse HTTP requests with a JSON-RPC error body, the form MCP clients show to
+            their user (they show only a stand-in for any other body); else ``{"error": message}``.
     """
 
     def __init__(
@@ -174,6 +176,7 @@ class Guard:
         token: str | None,
         allowed_hosts: Iterable[str] | None,
         hint: str = "",
+        jsonrpc: bool = False,
     ) -> None:
         self.app = app
         self.token = BearerToken(token) if token is not None else None
@@ -182,6 +185,7 @@ class Guard:
             f"{scheme}://{host}" for host in self.allowed_hosts or () for scheme in ("http", "https")
         }
         self.hint = hint
+        self.jsonrpc = jsonrpc
 
     def refusal(self, scope: Scope) -> tuple[int, str] | None:
         """The status and message to refuse an HTTP or WebSocket scope with, or `None` to let it in."""
@@ -206,16 +210,24 @@ class Guard:
             refused = self.refusal(scope)
             if refused is not None:
                 if scope["type"] == "http":
-                    await refuse_http(send, *refused)
+                    await refuse_http(send, *refused, jsonrpc=self.jsonrpc)
                 else:
                     await send({"type": "websocket.close", "code": 1008, "reason": refused[1][:120]})
                 return
         await self.app(scope, receive, send)
 
 
-async def refuse_http(send: Send, status: int, message: str) -> None:
-    """Answer an HTTP request with `status` and ``{"error": message}``."""
-    body = json.dumps({"error": message}).encode()
+# JSON-RPC's "Invalid Request": what a refused request's error is, to an MCP client.
+_INVALID_REQUEST = -32600
+
+
+async def refuse_http(send: Send, status: int, message: str, *, jsonrpc: bool = False) -> None:
+    """Answer an HTTP request with `status` and ``{"error": message}`` (with `jsonrpc`, a JSON-RPC
+    error with no id: the request was refused before it was read)."""
+    error: object = {"code": _INVALID_REQUEST, "message": message} if jsonrpc else message
+    body = json.dumps(
+        {"jsonrpc": "2.0", "id": None, "error": error} if jsonrpc else {"error": error}
+    ).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="ipybox"'))

@@ -77,6 +77,8 @@ class KernelEnv:
     APPROVE_SHELL: Final = "IPYBOX_APPROVE_SHELL"
     EXEC_WALL: Final = "IPYBOX_EXEC_WALL"
     REQUIRE_SHELL_ESCAPE: Final = "IPYBOX_REQUIRE_SHELL_ESCAPE"
+    WARM_IMPORTS: Final = "IPYBOX_WARM_IMPORTS"
+    """Comma-separated modules the kernel imports in the background from its start."""
 
 
 class PoolEnv:

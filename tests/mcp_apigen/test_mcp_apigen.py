@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import json
 import logging
+import shutil
 import socket
 import sys
 from collections.abc import Iterator
@@ -460,6 +461,25 @@ async def test_generate_writes_a_package_returns_module_names_and_registers_the_
         assert secret not in text
     assert "get_weather (tool 'get-weather'): Weather now." in text
     assert ServerRegistry(state_dir / "servers.json").lookup("weather") == params
+
+
+@pytest.mark.slow
+async def test_a_server_that_names_the_kernels_folder_is_generated_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kernel importing ``work/mcptools`` works in ``work`` and can write there: a sandboxed
+    executor would refuse to start this server, which is said when it is registered."""
+    work = tmp_path / "work"
+    work.mkdir()
+    script = work / "tools_server.py"
+    shutil.copy(TOOLS_SERVER, script)
+    params = tools_server_params(tmp_path, [])
+    params["args"][0] = str(script)
+    with caplog.at_level(logging.WARNING, logger="ipybox.mcp_apigen"):
+        await generate_mcp_sources("inside", params, work / "mcptools")
+    warned = [record.getMessage() for record in caplog.records if record.name == "ipybox.mcp_apigen"]
+    assert len(warned) == 1 and "with sandbox=True it is refused at its first call" in warned[0]
+    assert repr(str(script)) in warned[0]
 
 
 @pytest.mark.slow

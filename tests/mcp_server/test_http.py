@@ -109,12 +109,26 @@ async def test_a_request_without_the_token_is_refused(server: HttpServer) -> Non
         wrong = await http.post(server.url, json=body, headers={**headers, "Authorization": "Bearer nope"})
     assert missing.status_code == 401 and wrong.status_code == 401
     assert missing.headers["www-authenticate"].startswith("Bearer")
-    assert "Authorization: Bearer" in missing.json()["error"]
+    assert "Authorization: Bearer" in missing.json()["error"]["message"]
     with pytest.raises(ExceptionGroup) as raised:
         async with connected(server.url, url_token="wrong") as client:
             await client.list_tools()
-    # The SDK client reports the 401 as an MCPError from inside its task groups.
-    assert raised.value.subgroup(lambda exc: isinstance(exc, MCPError)) is not None
+    # The SDK client reports the 401 as an MCPError from inside its task groups, with the
+    # server's words (a JSON-RPC error body), not "Server returned an error response".
+    errors = raised.value.subgroup(lambda exc: isinstance(exc, MCPError))
+    assert errors is not None
+    shown = [str(exc) for exc in _leaves(errors)]
+    assert any("Authorization: Bearer <token>" in text and "IPYBOX_MCP_TOKEN" in text for text in shown), (
+        shown
+    )
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    return [
+        leaf
+        for exc in group.exceptions
+        for leaf in (_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    ]
 
 
 async def test_a_foreign_host_or_origin_is_refused(server: HttpServer) -> None:

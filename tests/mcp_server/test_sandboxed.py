@@ -99,7 +99,7 @@ async def test_a_sandbox_config_loosens_only_what_it_names(workspace: Path) -> N
 def test_a_missing_sandbox_tool_stops_the_server_at_once_naming_it(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "ipybox", "--workspace", str(tmp_path), "--sandbox"],
-        stdin=subprocess.DEVNULL,
+        input=b"",  # a pipe, as an MCP client gives; /dev/null is refused before the kernel starts
         capture_output=True,
         timeout=60,
         env={**os.environ, "PATH": str(tmp_path / "empty"), "IPYBOX_SRT": ""},

@@ -221,6 +221,28 @@ async def test_files_go_in_and_out_and_escapes_are_refused(
 
 
 @pytest.mark.slow
+async def test_a_server_whose_arguments_name_the_workspace_is_registered_with_a_warning(
+    client: Client, workspace: Path
+) -> None:
+    inside = workspace / "servers" / "demo_server.py"
+    inside.parent.mkdir(exist_ok=True)
+    shutil.copy(DEMO_SERVER, inside)
+    params = {"command": sys.executable, "args": [str(inside)]}
+    registered = await client.call_tool(
+        "register_mcp_server", {"server_name": "inside", "server_params": params}
+    )
+    assert not registered.is_error, text_of(registered)
+    text = text_of(registered)
+    assert "Warning:" in text and "with sandbox=True it is refused at its first call" in text
+    assert repr(str(inside)) in text
+    outside = await client.call_tool(
+        "register_mcp_server",
+        {"server_name": "outside", "server_params": {"command": sys.executable, "args": [str(DEMO_SERVER)]}},
+    )
+    assert "Warning" not in text_of(outside)
+
+
+@pytest.mark.slow
 async def test_registered_servers_are_called_from_code(client: Client, workspace: Path) -> None:
     demo = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
     registered = await client.call_tool("register_mcp_server", {"server_name": "demo", "server_params": demo})

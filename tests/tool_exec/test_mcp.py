@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import socket
 import sys
 from pathlib import Path
@@ -291,13 +292,15 @@ async def test_a_command_not_on_path_is_an_error_naming_the_folders_searched(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("PATH", "/nonexistent-bin")
+    # Folders named more than once (and the user's own again) are listed once each.
+    local = f"{tmp_path}/.local/bin"
+    monkeypatch.setenv("PATH", os.pathsep.join(["/nonexistent-bin", local, "/nonexistent-bin/", local]))
     session = MCPSession("nowhere", resolve_params({"command": "no-such-mcp-server"}))
     with pytest.raises(MCPServerError) as info:
         await session.start()
     message = str(info.value)
     assert "the command 'no-such-mcp-server' was not found" in message
-    assert f"/nonexistent-bin, {tmp_path}/.local/bin, {tmp_path}/.cargo/bin" in message
+    assert f"searched /nonexistent-bin, {local}, {tmp_path}/.cargo/bin. " in message
     assert "give its full path as 'command', or add its folder to PATH" in message
 
 

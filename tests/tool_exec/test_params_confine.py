@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 # Private: parameter resolution and confinement are internal; they are tested directly.
 from ipybox.app._params import StdioParams, confine, resolve_params
 from ipybox.errors import ServerParamsError
+from tests.sandbox_support import require_sandbox
 
 
 def test_confine_checks_the_real_path_of_every_file_a_server_starts_from(tmp_path: Path) -> None:
@@ -117,7 +119,18 @@ def test_every_argument_and_env_value_that_names_the_workspace_is_refused(form: 
         with pytest.raises(ServerParamsError, match="sandboxed kernel can write") as info:
             confine("s", params, (Path(ws),))
         # The message names the folder and the way out.
-        assert ws in str(info.value) and '"command": "srt"' in str(info.value)
+        assert ws in str(info.value) and re.search(r'"command": "[^"]*srt"', str(info.value))
+
+
+def test_the_srt_a_refusal_suggests_is_one_that_runs(tmp_path: Path) -> None:
+    """Not plain "srt" when setup put it in the clone, off PATH: the path ipybox itself runs."""
+    require_sandbox()
+    params = resolve_params({"command": sys.executable, "args": [str(tmp_path / "server.py")]})
+    assert isinstance(params, StdioParams)
+    with pytest.raises(ServerParamsError) as info:
+        confine("s", params, (tmp_path,))
+    named = re.search(r'"command": "([^"]*)"', str(info.value))
+    assert named is not None and shutil.which(named.group(1)) is not None, str(info.value)
 
 
 def test_a_server_under_srt_with_settings_outside_may_be_given_the_workspace_as_data(tmp_path: Path) -> None:

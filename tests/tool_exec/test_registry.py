@@ -108,6 +108,9 @@ def test_a_scope_sees_only_servers_whose_api_lies_in_it(tmp_path: Path) -> None:
     assert registry.lookup("deep", one) is None and registry.lookup("deep", one / "sub") == {
         "command": "deep"
     }
+    # Several folders (a working directory and the PYTHONPATH entries the application chose).
+    assert registry.lookup("deep", (tmp_path / "three", one / "sub")) == {"command": "deep"}
+    assert registry.lookup("deep", (one, tmp_path)) is None
     # An unscoped registration is for standalone tool servers only.
     assert registry.lookup("plain", one) is None and registry.lookup("plain") == {"command": "unscoped"}
     # Without a scope the latest registration of a name wins.

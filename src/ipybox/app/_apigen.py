@@ -34,7 +34,7 @@ from ipybox.errors import ApiGenerationError, ServerParamsError
 if TYPE_CHECKING:
     from mcp.types import Tool
 
-__all__ = ["generate_mcp_sources"]
+__all__ = ["generate_mcp_sources", "kernel_writable_warning"]
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.mcp_apigen")
@@ -54,8 +54,13 @@ async def generate_mcp_sources(
     replaced from the environment or ``.env``), lists its tools, removes
     ``root_dir/<server_name>/`` if it exists and writes the package anew. The server is
     recorded in the tool server's trusted registry under ``server_name`` and ``root_dir``
-    (placeholders unresolved): a `CodeExecutor` runs it only when ``root_dir`` is its working
-    directory or is a folder directly in it (`mcptools/`). The generated files hold neither the parameters nor any secret.
+    (placeholders unresolved): a `CodeExecutor` runs it only when ``root_dir`` is a folder the
+    application put on its kernel's import path (its working directory, an absolute entry of
+    ``kernel_env``'s ``PYTHONPATH``) or a folder directly in one (`mcptools/`). The generated
+    files hold neither the parameters nor any secret. A stdio server whose command, arguments,
+    working directory or ``env`` name a path in ``root_dir``'s parent (the working directory of
+    a kernel that imports ``mcptools/``, which it can write) gets a warning logged: a sandboxed
+    executor refuses to start such a server.
 
     A tool whose schema cannot be compiled is left out and named in a warning logged on
     ``ipybox.app._apigen``; the other tools are generated. A module is named after its
@@ -104,7 +109,29 @@ async def generate_mcp_sources(
         ) from exc
     except ValueError as exc:
         raise ServerParamsError(str(exc)) from exc
+    warning = await anyio.to_thread.run_sync(
+        lambda: kernel_writable_warning(server_name, server_params, Path(os.path.abspath(root_dir)).parent)
+    )
+    if warning is not None:
+        logger.warning("%s", warning)
     return await anyio.to_thread.run_sync(_write_package, server_name, tools, Path(root_dir))
+
+
+def kernel_writable_warning(server_name: str, server_params: dict[str, Any], folder: Path) -> str | None:
+    """Why a sandboxed executor working in `folder` would refuse to start this stdio server (a
+    path of it lies in `folder`, which the kernel can write), or ``None``."""
+    from ipybox.app._params import StdioParams, confine, resolve_params
+
+    try:
+        resolved = resolve_params(server_params)
+        if isinstance(resolved, StdioParams):
+            confine(server_name, resolved, (folder,))
+    except ServerParamsError as exc:
+        return (
+            f"MCP server {server_name!r} was registered, but a kernel working in {folder} can write "
+            f"what it names, and with sandbox=True it is refused at its first call. {exc}"
+        )
+    return None
 
 
 def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> list[str]:

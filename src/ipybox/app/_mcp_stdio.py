@@ -117,7 +117,10 @@ def resolve_command(command: str, path: str) -> str:
     found = shutil.which(command, path=os.pathsep.join(extra))
     if found is not None:
         return found
-    searched = [entry for entry in path.split(os.pathsep) if entry] + extra
+    # Each folder once: a PATH often names one several times, and the per-user folders again.
+    searched = list(
+        dict.fromkeys(os.path.normpath(entry) for entry in [*path.split(os.pathsep), *extra] if entry)
+    )
     raise FileNotFoundError(
         f"the command {command!r} was not found; searched {', '.join(searched) or '(an empty PATH)'}. "
         "Install it, give its full path as 'command', or add its folder to PATH "

@@ -7,6 +7,7 @@ server and the code generator hand either to :class:`ipybox.app._mcp.MCPSession`
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shlex
@@ -123,14 +124,17 @@ def _pinned_command(params: StdioParams, env_path: str) -> str:
 
 def _refusal(server_name: str, secrets: Sequence[str], what: str, given: str, path: str, root: str) -> str:
     """The message of `confine` for `given` (path `path` in it) inside writable folder `root`."""
+    from ipybox.app._sandbox import srt_command
+
     shown = f"{given!r}" if given == path else f"{given!r} (the path {path})"
+    srt = json.dumps(srt_command())
     message = (
         f"MCP server {server_name!r} is refused: its {what} {shown} lies in {root}, which the "
         "sandboxed kernel can write, so code in the kernel could change what this server runs or "
         "reads outside the sandbox. Move it out of the kernel's folders (keep servers, their "
         "files and working directory beside, not inside, the working directory), or, to give a "
         "server the workspace as data, run it sandboxed itself: "
-        '{"command": "srt", "args": ["--settings", FILE, ...]} with FILE outside these folders.'
+        f'{{"command": {srt}, "args": ["--settings", FILE, ...]}} with FILE outside these folders.'
     )
     for secret in secrets:
         message = message.replace(secret, "***")

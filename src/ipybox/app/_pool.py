@@ -84,6 +84,8 @@ class KernelPool:
         approve_shell_cmds: See `CodeExecutor`.
         require_shell_escape: See `CodeExecutor`.
         sandbox_hidden: See `CodeExecutor`; the default audit trail's folder is always hidden.
+        warm_imports: See `CodeExecutor`. A kernel counts as ready only once it has imported them;
+            an executor on the pool gets kernels with the pool's, whatever its own.
         kernel_gateway_host: Host the gateway binds to.
         log_level: Log level of the gateway.
         registry: The trusted registry whose folder sandboxed kernels can never write; executors on
@@ -113,6 +115,7 @@ class KernelPool:
         approve_shell_cmds: bool = False,
         require_shell_escape: bool = False,
         sandbox_hidden: tuple[Path, ...] = (),
+        warm_imports: tuple[str, ...] | None = None,
         kernel_gateway_host: str = "localhost",
         log_level: str = "WARNING",
         registry: ServerRegistry | None = None,
@@ -139,6 +142,7 @@ class KernelPool:
             memory_limit=memory_limit,
             max_processes=max_processes,
             sandbox_hidden=sandbox_hidden,
+            warm_imports=warm_imports,
         )
         self._registry_dir = (registry if registry is not None else default_registry()).path.parent
         self._trail_dir = default_audit_path().parent

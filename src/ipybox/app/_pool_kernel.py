@@ -28,8 +28,9 @@ __all__ = ["WARM_UP", "PoolKernel", "hand_out", "make_folder", "run_hidden"]
 
 _SETUP_TIMEOUT = 30.0
 _SOCKET_NAME = "tools.sock"
-WARM_UP = "pass"
-"""Warms a fresh kernel's first execution (imports the execution path pulls in lazily)."""
+WARM_UP = "__import__('ipybox.kernel._warm', fromlist=['wait']).wait()"
+"""Warms a fresh kernel's first execution (imports the execution path pulls in lazily) and makes
+its warm imports (`ipybox.kernel._warm`) now: a pool's kernel is ready once they are done."""
 
 
 @dataclass

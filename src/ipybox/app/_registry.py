@@ -2,8 +2,10 @@
 
 The application records a server here (``generate_mcp_sources`` does it when it generates a
 server's API, together with the folder it wrote the API into); the tool server of a
-``CodeExecutor`` then starts only servers found here, by name, among those whose API lies in its
-working directory (or a folder directly in it, such as ``mcptools/``), and never takes server parameters from a request. Parameters are stored exactly as
+``CodeExecutor`` then starts only servers found here, by name, among those whose API lies in a
+folder the application put on its kernel's import path (the working directory and the entries of
+``kernel_env``'s ``PYTHONPATH``, or a folder directly in one, such as ``mcptools/``), and never
+takes server parameters from a request. Parameters are stored exactly as
 given, ``${VAR}`` placeholders unreplaced, so no secret value is written to disk.
 
 The file lives in the user's state directory (``$IPYBOX_STATE_DIR``, else
@@ -21,7 +23,7 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,9 @@ class ServerRegistry:
 
     ``generate_mcp_sources`` records a server together with the folder it wrote the server's
     package into (its ``root_dir``); the tool server of a ``CodeExecutor`` runs a server only
-    when that folder is the executor's working directory or a folder directly in it (``mcptools/``), so the kernel of one
+    when that folder is one its application put on the kernel's import path (the working
+    directory, a ``PYTHONPATH`` entry of ``kernel_env``) or a folder directly in one
+    (``mcptools/``), so the kernel of one
     application cannot call, by name, a server another application registered. A server
     registered without a folder is found only by a tool server without a scope (standalone use).
 
@@ -79,7 +83,7 @@ class ServerRegistry:
         self._lock = threading.Lock()
         self._servers: dict[str, dict[str, Any]] = {}
         self._scoped: dict[str, dict[str, dict[str, Any]]] = {}
-        self._views: dict[Path | None, dict[str, dict[str, Any]]] = {}
+        self._views: dict[tuple[Path, ...] | None, dict[str, dict[str, Any]]] = {}
         self._stamp: tuple[int, int, int] | None = None
 
     def register(
@@ -129,7 +133,7 @@ class ServerRegistry:
             if table.pop(server_name, None) is not None:
                 self._write(servers, scoped)
 
-    def lookup(self, server_name: str, scope: Path | None = None) -> dict[str, Any] | None:
+    def lookup(self, server_name: str, scope: Path | Sequence[Path] | None = None) -> dict[str, Any] | None:
         """Return a copy of a registered server's parameters, or ``None`` if it is not registered.
 
         The file is read again only when it changed since the last read, so a server that
@@ -137,8 +141,10 @@ class ServerRegistry:
 
         Args:
             server_name: The server's name.
-            scope: An executor's working directory: only servers whose API was generated there or in
-                a folder directly in it count. ``None``: any registration, the latest of a name winning.
+            scope: The folders an executor's kernel imports from (its working directory, then the
+                ``PYTHONPATH`` the application gave it): only servers whose API was generated in one
+                of them or in a folder directly in one count. ``None``: any registration, the latest
+                of a name winning.
 
         Raises:
             OSError: The registry file exists but could not be read.
@@ -146,7 +152,9 @@ class ServerRegistry:
         params = self.lookup_shared(server_name, scope)
         return copy.deepcopy(params) if params is not None else None
 
-    def lookup_shared(self, server_name: str, scope: Path | None = None) -> dict[str, Any] | None:
+    def lookup_shared(
+        self, server_name: str, scope: Path | Sequence[Path] | None = None
+    ) -> dict[str, Any] | None:
         """Like :meth:`lookup` without the copy, for a lookup on every tool call.
 
         The caller must not modify the result: it is the registry's cached value.
@@ -154,21 +162,22 @@ class ServerRegistry:
         Raises:
             OSError: The registry file exists but could not be read.
         """
+        folders = (scope,) if isinstance(scope, Path) else tuple(scope) if scope is not None else None
         with self._lock:
             stamp = self._current_stamp()
             if stamp != self._stamp:
                 self._read()
-            view = self._views.get(scope)
+            view = self._views.get(folders)
             if view is None:
-                view = self._views[scope] = self._view(scope)
+                view = self._views[folders] = self._view(folders)
             return view.get(server_name)
 
-    def _view(self, scope: Path | None) -> dict[str, dict[str, Any]]:
+    def _view(self, folders: tuple[Path, ...] | None) -> dict[str, dict[str, Any]]:
         view: dict[str, dict[str, Any]] = {}
-        if scope is None:
+        if folders is None:
             view.update(self._servers)
         for root, servers in self._scoped.items():
-            if scope is None or _importable_from(Path(root), scope):
+            if folders is None or any(_importable_from(Path(root), folder) for folder in folders):
                 view.update(servers)
         return view
 
@@ -235,9 +244,9 @@ class ServerRegistry:
             os.close(fd)
 
 
-def _importable_from(root: Path, working_dir: Path) -> bool:
-    """Whether an API generated into `root` belongs to a kernel in `working_dir`: `root` is that
-    folder or a folder directly in it (``mcptools/``), where the kernel imports it from. Not a
-    folder further below: an application started in a parent folder (the home folder, say) would
-    otherwise reach every server registered for the projects inside it."""
-    return root == working_dir or root.parent == working_dir
+def _importable_from(root: Path, folder: Path) -> bool:
+    """Whether an API generated into `root` belongs to a kernel importing from `folder`: `root` is
+    that folder or a folder directly in it (``mcptools/``). Not a folder further below: an
+    application started in a parent folder (the home folder, say) would otherwise reach every
+    server registered for the projects inside it."""
+    return root == folder or root.parent == folder

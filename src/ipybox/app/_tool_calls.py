@@ -76,7 +76,7 @@ class _ToolCalls(_RequestBodies):
     approve_tool_calls: bool
     max_result_size: int
     _confinement: KernelConfinement
-    scope: Path | None
+    scope: tuple[Path, ...] | None
     trust_all_clients: bool
     # The policy and audit trail (set by CodeExecutor); None: every call asks, none is recorded.
     gate: Gate | None
@@ -259,12 +259,18 @@ class _ToolCalls(_RequestBodies):
                 f"{body.server_name!r} is neither running nor registered in {registry.path}; generate its API "
                 "with generate_mcp_sources, or send server_params.",
             )
-        where = f" into a folder inside {self.scope}" if self.scope is not None else ""
+        where = ""
+        if self.scope:
+            folders = ", ".join(str(folder) for folder in self.scope)
+            where = (
+                f" into a folder the kernel imports from ({folders}) or a folder directly in one, such as "
+                "mcptools/; CodeExecutor(kernel_env={'PYTHONPATH': folder}) adds a folder"
+            )
         raise _ToolCallError(
             404,
             "failed",
             f"Tool call {call} failed: MCP server {body.server_name!r} is not registered for this executor; "
-            f"generate its API with generate_mcp_sources(...){where} from this application.",
+            f"generate its API with generate_mcp_sources(...) from this application{where}.",
         )
 
     async def _approve(self, body: _RunRequest, call: str) -> Asked:

@@ -34,6 +34,7 @@ import contextlib
 import logging
 import secrets
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -141,8 +142,10 @@ class ToolServer(_ShellRoutes):
         kernel_writable: Folders a sandboxed kernel can write (also given by `confine` once the
             kernel's sandbox is known): a stdio server whose program, arguments or working
             directory lie there is refused (see the README's sandbox section).
-        scope: The executor's working directory: a registered server is run only when its API was
-            generated in this folder or a folder directly in it (``None``: any registered server).
+        scope: The folders the application put on the kernel's import path (a `CodeExecutor`'s
+            working directory and its ``kernel_env`` ``PYTHONPATH``): a registered server is run
+            only when its API was generated in one of them or a folder directly in one
+            (``None``: any registered server).
         shell_runner: Runs the approved shell commands of a kernel that cannot start programs
             (``POST /shell``); also given by `confine` once the kernel's sandbox is known.
             ``None``: ``/shell`` is refused.
@@ -167,7 +170,7 @@ class ToolServer(_ShellRoutes):
         max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
         max_inflight_size: int = DEFAULT_MAX_INFLIGHT_SIZE,
         kernel_writable: tuple[Path, ...] = (),
-        scope: Path | None = None,
+        scope: Path | Sequence[Path] | None = None,
         shell_runner: ShellRunner | None = None,
         trust_all_clients: bool = False,
     ) -> None:
@@ -194,7 +197,7 @@ class ToolServer(_ShellRoutes):
         self.trust_all_clients = trust_all_clients
         self._registry = registry if registry is not None else default_registry()
         self._confinement = KernelConfinement(writable=kernel_writable, shell_runner=shell_runner)
-        self.scope = scope
+        self.scope = (scope,) if isinstance(scope, Path) else tuple(scope) if scope is not None else None
         self.approve_tool_calls = approve_tool_calls
         self.gate = None
         self.tracing = None

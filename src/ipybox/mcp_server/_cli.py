@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import signal
+import stat
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -200,7 +201,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not (args.approval_timeout > 0 and math.isfinite(args.approval_timeout)):
         parser.error(f"--approval-timeout {args.approval_timeout:g}: give a positive number of seconds.")
+    args.policy_path = args.policy
     if args.policy is not None:
+        args.policy_path = args.policy.expanduser().resolve()
         args.policy = _read_policy(parser, args.policy, args.workspace.expanduser())
     if args.sandbox_config is not None:
         args.sandbox = True
@@ -333,6 +336,15 @@ def main(argv: list[str] | None = None) -> None:
         kernel_gateway_token=os.environ.get(UserEnv.KERNEL_GATEWAY_TOKEN) or None,
         kernel_name=args.kernel_name,
     )
+    _announce_oversight(args)
+    if args.transport == "stdio" and (problem := _stdin_problem()) is not None:
+        print(
+            f"ipybox: {problem}, so no MCP client can talk to this server over stdio. An MCP client "
+            "starts `ipybox` itself with a pipe on its stdin (give it the command in the client's "
+            "configuration); to serve clients over the network, use --transport streamable-http.",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
     provider = _start_tracing() if args.otel else None
     try:
         if args.transport == "stdio":
@@ -366,6 +378,36 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if provider is not None:
             provider.shutdown()  # sends the spans still buffered
+
+
+def _stdin_problem() -> str | None:
+    """What makes stdin unusable for MCP over stdio, or ``None``: it is closed, or a device other
+    than a terminal (``< /dev/null``), which reads nothing and which asyncio cannot watch."""
+    try:
+        mode = os.fstat(0).st_mode
+    except OSError:
+        return "stdin is closed"
+    if stat.S_ISCHR(mode) and not os.isatty(0):
+        return f"stdin is {os.devnull} or another device that is not a terminal"
+    return None
+
+
+def _announce_oversight(args: argparse.Namespace) -> None:
+    """Say which policy decides the inner tool calls, and where they are recorded."""
+    from ipybox.app._audit import default_audit_path
+    from ipybox.mcp_server._announce import announce
+
+    policy: Policy | None = args.policy
+    if policy is not None:
+        count = len(policy.rules)
+        announce(
+            f"policy {args.policy_path}: {count} rule{'' if count == 1 else 's'} loaded, "
+            f"default {policy.default!r}"
+        )
+    if args.audit:
+        announce(f"audit trail: {default_audit_path()} (shown by `ipybox audit`)")
+    else:
+        announce("audit trail: off (--no-audit)")
 
 
 def _start_tracing() -> Any:

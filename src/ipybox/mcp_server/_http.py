@@ -262,6 +262,7 @@ async def serve_http(
         token=token,
         allowed_hosts=hosts,
         hint=f" (${TOKEN_ENV} where the server runs, or the token it printed at start)",
+        jsonrpc=True,
     )
     shown_host = f"[{host}]" if ":" in host else host
     print(

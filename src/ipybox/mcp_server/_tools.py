@@ -206,7 +206,7 @@ class ToolSession(_CellAnswers, SnapshotTools):
         ],
     ) -> types.CallToolResult:
         """Generate `mcptools/<server_name>/` and record the server for the tool server."""
-        from ipybox.app._apigen import generate_mcp_sources
+        from ipybox.app._apigen import generate_mcp_sources, kernel_writable_warning
 
         # An early, friendly refusal of a link in place of mcptools/ (before the server is
         # recorded); the write itself is confined whatever happens in between.
@@ -252,9 +252,11 @@ class ToolSession(_CellAnswers, SnapshotTools):
         )
         listing = "\n".join(f"- {name}" for name in names) or "(the server has no tools)"
         example = f"from {MCPTOOLS_DIR}.{server_name}.{names[0]} import Params, run" if names else ""
+        warning = kernel_writable_warning(server_name, server_params, self.workspace)
         text = (
             f"Registered MCP server {server_name!r}. Tool modules in {MCPTOOLS_DIR}/{server_name}/:\n{listing}"
             + (f"\n\nImport one with: {example}" if example else "")
+            + (f"\n\nWarning: {warning}" if warning else "")
         )
         return types.CallToolResult(
             content=[_text(text)], structured_content={"server_name": server_name, "tools": names}

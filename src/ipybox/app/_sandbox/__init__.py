@@ -43,7 +43,15 @@ from ipybox.app._sandbox._rules import (
     root_only,
     sandbox_settings,
 )
-from ipybox.app._sandbox._srt import SRT_VERSION, check, find_srt, private_base, srt_support, tools_dir
+from ipybox.app._sandbox._srt import (
+    SRT_VERSION,
+    check,
+    find_srt,
+    private_base,
+    srt_command,
+    srt_support,
+    tools_dir,
+)
 
 __all__ = [
     "CREDENTIAL_STORES",
@@ -67,6 +75,7 @@ __all__ = [
     "remove_placeholders",
     "root_only",
     "sandbox_settings",
+    "srt_command",
     "srt_support",
     "sweep",
     "tools_dir",

@@ -23,6 +23,13 @@ _INSTALL_SRT = f"npm ci --prefix scripts/srt (in a clone of ipybox) or npm insta
 _LINUX_TOOLS = {"bwrap": "bubblewrap", "socat": "socat", "rg": "ripgrep"}
 
 
+def srt_command() -> str:
+    """The ``srt`` an MCP server's configuration can name: where `find_srt` looks (``$IPYBOX_SRT``,
+    ``PATH``, a clone's ``scripts/srt/``), else plain ``srt``. Nothing else is checked."""
+    found = os.environ.get(UserEnv.SRT) or shutil.which("srt")
+    return found or (str(_REPO_SRT) if _REPO_SRT.exists() else "srt")
+
+
 def find_srt() -> str:
     """Return the ``srt`` command to run, after checking that what it needs is installed.
 
