@@ -90,7 +90,7 @@ def name_problem(field: str, name: str) -> str | None:
         )
     if not name.isprintable():
         return (
-            f"The tool call was refused before anything was asked, run or recorded: its {field} {ascii(name)} "
+            f"The tool call was refused before anything was asked, run or recorded: its {field} {name!a} "
             "holds characters that cannot be shown as they are (control characters, terminal escapes, line "
             "breaks or invisible marks). Call a tool by the names its server lists."
         )
