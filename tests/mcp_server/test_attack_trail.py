@@ -233,7 +233,14 @@ async def test_ipybox_audit_prints_every_text_column_escaped_on_one_line(tmp_pat
     for column in ("session", "server", "tool", "decided_by"):
         fields = {"session": "s", "server": "demo", "tool": "t", "decided_by": "application"}
         fields[column] = "\u202e\x9b31m" + _SPOOF
-        trail.begin(arguments={"a": _SPOOF}, decision="allowed", **fields)
+        trail.begin(
+            session=fields["session"],
+            server=fields["server"],
+            tool=fields["tool"],
+            decided_by=fields["decided_by"],
+            arguments={"a": _SPOOF},
+            decision="allowed",
+        )
     trail.close()
     table = await _audit(db)
     lines = table.splitlines()
