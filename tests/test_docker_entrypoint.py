@@ -105,3 +105,30 @@ def test_the_entrypoint_runs_the_check_without_sandbox_and_reads_no_settings_fro
     assert "python -I -m ipybox.app._sandbox._container" in entrypoint
     assert '--sandbox-config "$workspace' not in entrypoint
     assert "--sandbox-config /app/config/sandbox-config.json" in entrypoint
+
+
+def test_ipybox_refuses_sandbox_settings_from_inside_the_workspace(tmp_path: Path) -> None:
+    """The kernel (or an earlier run without the sandbox) can write the workspace: a settings file
+    there could loosen the next start's sandbox, so naming one is refused at once, with the reason."""
+    workspace = tmp_path / "workspace"
+    (workspace / "conf").mkdir(parents=True)
+    (workspace / "conf" / "sandbox.json").write_text("{}")
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ipybox",
+            "--workspace",
+            str(workspace),
+            "--sandbox-config",
+            "conf/sandbox.json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=workspace,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 2
+    assert "lies in the workspace" in result.stderr and "keep it outside" in result.stderr

@@ -104,7 +104,7 @@ class ApprovalRequest:
             earlier = "accepted" if self._decision else "rejected"
             effect = "the call runs" if self._decision else "the call does not run"
             raise ApprovalDecisionError(
-                f"The tool call {self} was already {earlier} ({effect}); a request is decided once."
+                f"The tool call {self._call()} was already {earlier} ({effect}); a request is decided once."
             )
         self._decision = accepted
         extra: dict[str, Any] = {"remember": True} if remember else {"abandoned": True} if abandoned else {}
@@ -112,9 +112,13 @@ class ApprovalRequest:
             extra["by"] = by
         if not await self._respond(accepted, **extra):
             raise ApprovalDecisionError(
-                f"The tool call {self} is no longer waiting for a decision: it expired (the tool server's "
+                f"The tool call {self._call()} is no longer waiting for a decision: it expired (the tool server's "
                 "approval timeout) or the code that made it is gone, so the call does not run."
             )
+
+    def _call(self) -> str:
+        """The server and tool, for messages and logs: bounded, whatever the arguments' size."""
+        return f"{shown_name(self.server_name[:256])}.{shown_name(self.tool_name[:256])}"
 
     def __str__(self) -> str:
         args = ", ".join(f"{shown_name(name)}={_value(value)}" for name, value in self.tool_args.items())
@@ -353,7 +357,7 @@ class ApprovalClient:
         try:
             await self.callback(request)
         except Exception:  # broad: the application's callback may fail in any way; the call is rejected
-            logger.exception("The approval callback failed for %s; the request is rejected.", request)
+            logger.exception("The approval callback failed for %s; the request is rejected.", request._call())
             if not request.decided:
                 try:
                     await request.reject()

@@ -81,10 +81,11 @@ def modern(ctx: ServerRequestContext[Any]) -> bool:
 
 async def decide(request: ApprovalRequest, result: types.ElicitResult | None) -> None:
     """Accept `request` if the person accepted, else reject it (the trail and the cell's error say the
-    person decided); a decision that comes too late (the request expired or the cell is gone) is
+    person decided, or the application when no answer came); a decision that comes too late (the request expired or the cell is gone) is
     refused by `ApprovalRequest` and only logged here."""
     accepted = result is not None and result.action == "accept"
-    await _decide(request, accepted, Decider.PERSON)
+    # No answer at all (the client failed or left, a retry without it) is nobody's decline but ours.
+    await _decide(request, accepted, Decider.PERSON if result is not None else Decider.APPLICATION)
 
 
 async def _decide(request: ApprovalRequest, accepted: bool, by: str) -> None:
