@@ -57,26 +57,9 @@ _REMOTE_INSTALL = (
     "'install', {package!r}], check=True)`."
 )
 
-# The refresh after a registration or an install: the import system's file caches are cleared, and
-# with `prefix` the modules of the (re)generated package are forgotten. Only the standard path
-# finders' caches are cleared, by their own class's method (`importlib.invalidate_caches()` would
-# call every finder the kernel put on `sys.meta_path` or in `sys.path_importer_cache`); names are
-# taken only if they are plain `str`.
-_REFRESH = """\
-def _ipybox_refresh(prefix):
-    import sys
-    from importlib.machinery import FileFinder
-    for path, finder in list(sys.path_importer_cache.items()):
-        if finder is None:
-            del sys.path_importer_cache[path]
-        elif type(finder) is FileFinder:
-            FileFinder.invalidate_caches(finder)
-    if prefix:
-        for name in [m for m in list(sys.modules) if type(m) is str and (m == prefix or m.startswith(prefix + "."))]:
-            del sys.modules[name]
-_ipybox_refresh({prefix!r})
-del _ipybox_refresh
-"""
+# The refresh after a registration or an install (see `ipybox.kernel._imports`): the import
+# system's file caches are cleared, and with `prefix` the modules of the (re)generated package go.
+_REFRESH = "from ipybox.kernel._imports import refresh as _ipybox_refresh\n_ipybox_refresh({prefix!r})\ndel _ipybox_refresh\n"
 
 TOOLS: dict[str, Declared] = {}
 """The tools, by name, in the order they are listed: each declared once, on its `ToolSession` method."""
