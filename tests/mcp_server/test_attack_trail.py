@@ -250,3 +250,15 @@ async def test_ipybox_audit_prints_every_text_column_escaped_on_one_line(tmp_pat
     as_json = await _audit(db, "--json")
     assert as_json.isascii() and len(as_json.splitlines()) == 4
     assert json.loads(as_json.splitlines()[0])["session"].endswith(_SPOOF)
+
+
+async def test_a_huge_error_message_is_kept_cut_in_the_trail(tmp_path: Path) -> None:
+    """An MCP server's error message (of any size) goes into the record's error column: cut there."""
+    trail = AuditTrail(tmp_path / "audit.sqlite3")
+    record = trail.begin(
+        session="s", server="demo", tool="t", arguments={}, decision="allowed", decided_by="application"
+    )
+    trail.end(record, outcome="failed", duration_ms=1.0, result_size=None, error="e" * 5_000_000)
+    [kept] = trail.query()
+    trail.close()
+    assert kept.error is not None and len(kept.error) < 5000 and kept.error.endswith("(5000000 characters)")
