@@ -28,12 +28,13 @@ CONTAINER_WORKSPACE = "/app/workspace"
 
 def writable_protected(workspace: Path) -> list[str]:
     """The protected names (`PROTECTED_WORKSPACE_DIRS`, `PROTECTED_WORKSPACE_FILES`) that exist at the
-    top of `workspace` and that this process could change: writable, or a link (which could be
-    pointed elsewhere)."""
+    top of `workspace` and do not lie on a read-only mount: a link (which could be pointed
+    elsewhere), or anything else its owner could make writable again (``chmod``) or whose contents
+    (``.git/hooks``) could be writable, whatever its own mode says."""
     found = []
     for name in (*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES):
         path = workspace / name
-        if path.is_symlink() or (path.exists() and os.access(path, os.W_OK)):
+        if path.is_symlink() or (path.exists() and not os.statvfs(path).f_flag & os.ST_RDONLY):
             found.append(name)
     return found
 
