@@ -284,12 +284,13 @@ class ClientApproval:
         asked and unanswered) frees its slot and is left to expire on the tool server."""
         result: types.ElicitResult | None = None
         with anyio.move_on_at(expires) as turn:
-            text = await asked(request)
-            if text is None:
-                return
             if self._open.value == 0:
                 logger.debug("A call waits its turn: %d questions are open.", MAX_OPEN_QUESTIONS)
             async with self._open:
+                # Built in its turn: a flood of large calls has only a few questions built at once.
+                text = await asked(request)
+                if text is None:
+                    return
                 try:
                     result = await ctx.session.elicit_form(text, _SCHEMA, related_request_id=ctx.request_id)
                 except Exception as exc:
