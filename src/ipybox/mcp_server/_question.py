@@ -3,8 +3,8 @@
 In the ``ipybox`` MCP server's process (trusted); the call's names and arguments come from the
 kernel (untrusted), so they can be of any size (tens of MiB) and hold anything. The question shows
 the call as `ApprovalRequest` prints it (every name and value escaped: what is shown is what runs),
-but of a long call only its head and tail, with how many characters were left out between them and
-the SHA-256 of those characters. A piece repeated 16 times or more in what is shown is counted
+but of a call longer than `WHOLE_CHARS` only its head and tail, with how many characters were left
+out between them and the SHA-256 of those characters (as UTF-8). A piece repeated 16 times or more in what is shown is counted
 (``[5000 times ' ']``), so that padding cannot push the rest out of sight.
 
 The call's text is made piece by piece (a long string in slices of `_SLICE` characters, nested
@@ -24,12 +24,14 @@ import anyio
 
 from ipybox.app._approval_client import ApprovalRequest, shown_name
 
-__all__ = ["HEAD_CHARS", "MAX_CALL_CHARS", "TAIL_CHARS", "question"]
+__all__ = ["HEAD_CHARS", "MAX_CALL_CHARS", "TAIL_CHARS", "WHOLE_CHARS", "question", "shown_call"]
 
 HEAD_CHARS = 2000
 """How much of the start of a long call the person is shown."""
 TAIL_CHARS = 1000
 """How much of its end."""
+WHOLE_CHARS = 64 * 1024
+"""The longest call shown whole (as escaped text, before runs are counted)."""
 MAX_CALL_CHARS = 8 * 1024 * 1024
 """The longest call, as escaped text, put to the person; a longer one is rejected without asking."""
 _SLICE = 64 * 1024
@@ -113,34 +115,36 @@ def _call(request: ApprovalRequest) -> Iterator[str]:
 
 def shown_call(request: ApprovalRequest) -> str | None:
     """The call as the person is shown it (see the module docstring); ``None`` above `MAX_CALL_CHARS`."""
-    head: list[str] = []
-    head_length = 0
-    tail = ""
+    pieces = _call(request)
+    whole: list[str] = []
+    total = 0
+    for piece in pieces:
+        whole.append(piece)
+        total += len(piece)
+        if total > WHOLE_CHARS:
+            break
+    else:
+        return _RUN.sub(_counted, "".join(whole))
+    # Too long to show whole: its head, then its tail as it goes by, the rest only hashed.
+    text = "".join(whole)
+    head, tail = text[:HEAD_CHARS], text[HEAD_CHARS:]
     left_out = hashlib.sha256()
-    left_out_length = total = 0
-    for piece in _call(request):
+    left_out_length = 0
+    for piece in pieces:
         total += len(piece)
         if total > MAX_CALL_CHARS:
             return None
-        if head_length < HEAD_CHARS:
-            taken = piece[: HEAD_CHARS - head_length]
-            head.append(taken)
-            head_length += len(taken)
-            piece = piece[len(taken) :]
         tail += piece
         if len(tail) > TAIL_CHARS + _SLICE:
             spill, tail = tail[:-TAIL_CHARS], tail[-TAIL_CHARS:]
             left_out.update(spill.encode("utf-8", "surrogatepass"))
             left_out_length += len(spill)
-    if left_out_length == 0 and len(tail) <= TAIL_CHARS + 200:
-        # Short enough to be shown whole.
-        return _RUN.sub(_counted, "".join(head) + tail)
     spill, tail = tail[:-TAIL_CHARS], tail[-TAIL_CHARS:]
     left_out.update(spill.encode("utf-8", "surrogatepass"))
     left_out_length += len(spill)
     return (
-        f"{_RUN.sub(_counted, ''.join(head))} [... {left_out_length} characters left out of "
-        f"{total}, SHA-256 {left_out.hexdigest()} ...] {_RUN.sub(_counted, tail)}"
+        f"{_RUN.sub(_counted, head)} [... {left_out_length} characters left out of {total}, SHA-256 of "
+        f"those as UTF-8: {left_out.hexdigest()} ...] {_RUN.sub(_counted, tail)}"
     )
 
 
