@@ -96,7 +96,7 @@ async def test_allow_and_deny_by_tool_name_glob_reach_the_application_only_when_
     assert (asked, out) == ([], "read_item a")
     asked, out = await run(executor, call("delete_item", key="a"))
     assert asked == []
-    assert "refused by the application's policy (rule 2)" in out
+    assert "Tool call annot.delete_item was refused by policy rule 2." in out
     asked, out = await run(executor, call("put_item", key="a", value="b"))
     assert [request.tool_name for request in asked] == ["put_item"]
     assert out == "put_item a=b"

@@ -153,7 +153,7 @@ class _ShellRoutes(_ToolCalls):
         try:
             await ticket.admit(annotations=None, ask=lambda: self._approve(approval, call))
         except GateDenied as exc:
-            message = f"{call} was refused: {exc.reason}."
+            message = f"{call} {exc.reason}."
             ticket.finish(exc.status, _error(exc.status, exc.kind, message)[1])
             raise _ToolCallError(exc.status, exc.kind, message) from None
         except _ToolCallError as exc:

@@ -141,7 +141,7 @@ class _ToolCalls(_RequestBodies):
             )
         except GateDenied as exc:
             raise _ToolCallError(
-                exc.status, exc.kind, f"Tool call {call} was refused: {exc.reason}."
+                exc.status, exc.kind, f"Tool call {call} {exc.reason}."
             ) from None
         # ---- end of the policy and audit hook ----
 
