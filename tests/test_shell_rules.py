@@ -25,7 +25,11 @@ def decide(policy: Policy, cmd: str) -> str:
     [
         ("ls -l | wc -l", [("ls", "-l"), ("wc", "-l")], []),
         ("ls 'a b' \"c d\" e\\ f > out.txt", [("ls", "a b", "c d", "e f")], ["out.txt"]),
-        ("ls 2>/dev/null && cat <in || echo x >>log", [("ls",), ("cat",), ("echo", "x")], ["/dev/null", "in", "log"]),
+        (
+            "ls 2>/dev/null && cat <in || echo x >>log",
+            [("ls",), ("cat",), ("echo", "x")],
+            ["/dev/null", "in", "log"],
+        ),
         ("ls 2>&1 | wc\n\nls -a\n", [("ls",), ("wc",), ("ls", "-a")], []),
         ("ls --color=never a,b:c@d%e+f", [("ls", "--color=never", "a,b:c@d%e+f")], []),
     ],
@@ -51,7 +55,7 @@ def test_the_positive_reader_returns_the_words_the_shell_runs(
         "ls $HOME",
         "ls `id`",
         'ls "$(id)"',
-        "ls \"r\\\nm\"",  # backslash-newline inside double quotes
+        'ls "r\\\nm"',  # backslash-newline inside double quotes
         "ls \\\nx",  # ... and outside
         "ls *",
         "ls {a,b}",

@@ -165,7 +165,9 @@ class Rule:
                 # A pattern ending in " *" also matches the command without arguments.
                 if words is not None and not any(c.isspace() for w in words for c in w):
                     joined = " ".join(words)
-                    if fnmatch.fnmatchcase(joined, pattern) or (pattern.endswith(" *") and joined == pattern[:-2]):
+                    if fnmatch.fnmatchcase(joined, pattern) or (
+                        pattern.endswith(" *") and joined == pattern[:-2]
+                    ):
                         return True
             elif "/" in pattern or "/" not in program:
                 if fnmatch.fnmatchcase(program, pattern):
@@ -433,7 +435,9 @@ def load_policy(path: Path | str) -> Policy:
                 )
             )
         except PolicyError as exc:
-            raise PolicyError(f"{path}, line {lines.find(('rule', index, _failing_key(rule)))}: {exc}") from None
+            raise PolicyError(
+                f"{path}, line {lines.find(('rule', index, _failing_key(rule)))}: {exc}"
+            ) from None
     return Policy(tuple(rules), model.default, frozenset(model.trusted_servers))
 
 

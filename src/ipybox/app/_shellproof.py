@@ -62,7 +62,9 @@ _RUNNERS = (
     "openssl", "curl", "wget", "socat", "nc", "ncat", "netcat", "telnet", "ftp", "mail", "mutt",
     "sqlite3", "psql", "mysql", "dd", "install", "ln", "srt",
 )  # fmt: skip
-_FIND_RUNNING = frozenset({"-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls", "-delete"})
+_FIND_RUNNING = frozenset(
+    {"-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls", "-delete"}
+)
 
 
 class _Outside(Exception):
@@ -172,19 +174,9 @@ class _Reader:
             if char in _PLAIN:
                 parts.append(char)
                 pos += 1
-            elif char == "'":
-                close = text.find("'", pos + 1)
-                if close < 0:
-                    raise _Outside("an unclosed quote")
-                parts.append(text[pos + 1 : close])
-                pos = close + 1
-            elif char == '"':
-                close = text.find('"', pos + 1)
-                inner = text[pos + 1 : close]
-                if close < 0 or any(mark in _QUOTED_FORBIDDEN for mark in inner):
-                    raise _Outside("a double-quoted string with an expansion or an escape")
-                parts.append(inner)
-                pos = close + 1
+            elif char in "'\"":
+                quoted, pos = _quoted(text, pos)
+                parts.append(quoted)
             elif char == "\\":
                 following = text[pos + 1 : pos + 2]
                 if not following or following not in _ESCAPABLE:
@@ -202,6 +194,18 @@ class _Reader:
         if "\x00" in word:
             raise _Outside("a NUL character")
         return word
+
+
+def _quoted(text: str, pos: int) -> tuple[str, int]:
+    """Read a single- or double-quoted string at `pos`; its text and the position after it."""
+    quote = text[pos]
+    close = text.find(quote, pos + 1)
+    if close < 0:
+        raise _Outside("an unclosed quote")
+    inner = text[pos + 1 : close]
+    if quote == '"' and any(mark in _QUOTED_FORBIDDEN for mark in inner):
+        raise _Outside("a double-quoted string with an expansion or an escape")
+    return inner, close + 1
 
 
 def _command(words: list[str], files: list[str]) -> ProvenCommand:
