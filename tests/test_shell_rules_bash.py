@@ -162,7 +162,7 @@ def _run(
     log.write_text("")
     for entry in work.iterdir():
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-    drop = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if os.geteuid() == 0 else {}
+    root = os.geteuid() == 0
     done = subprocess.run(
         [shell, "-c", line],
         env={"PATH": str(stubs)},
@@ -171,7 +171,9 @@ def _run(
         capture_output=True,
         timeout=30,
         check=False,
-        **drop,  # type: ignore[arg-type]
+        user=NOBODY if root else None,
+        group=NOBODY if root else None,
+        extra_groups=[] if root else None,
     )
     ran = [tuple(record.split(SEP)[:-1]) for record in log.read_text().split(END) if record]
     made = {str(path.relative_to(work)) for path in work.rglob("*")}
