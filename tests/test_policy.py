@@ -193,3 +193,15 @@ async def test_a_request_left_when_the_stream_ends_is_recorded_as_abandoned(exec
     await stream.aclose()
     last = records(executor)[-1]
     assert (last["tool"], last["decision"], last["decided_by"]) == ("put_item", "denied", "abandoned")
+
+
+async def test_a_script_cells_program_arguments_are_shown_and_read_by_the_rules(
+    executor: CodeExecutor,
+) -> None:
+    # `%%script bash -c '...'` runs the -c, not the cell: the rules must not read only the cell.
+    executor.policy = Policy((Rule("allow", program=["ls"]),), default="ask")
+    asked, _ = await run(executor, "%%script bash -c 'touch made_by_script_args'\nls\n", decide="reject")
+    assert [request.tool_args.get("args") for request in asked] == [["-c", "touch made_by_script_args"]]
+    assert not exists("made_by_script_args")
+    asked, out = await run(executor, "%%bash\nls /nonexistent-folder 2>/dev/null || ls -d /\n")
+    assert (asked, out) == ([], "/")
