@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -406,14 +407,13 @@ async def test_an_approved_command_of_one_session_cannot_plant_for_another_sessi
                 text = getattr(item, "text", None) or text
         return text
 
-    options = {"sandbox": True, "approve_shell_cmds": True, "sandbox_hidden": (sessions,)}
-    async with KernelPool(
-        size=1, working_dir=tmp_path, new_folder=new_folder if own_folders else None, **options
-    ) as pool:  # type: ignore[arg-type]
+    options: dict[str, Any] = {"sandbox": True, "approve_shell_cmds": True, "sandbox_hidden": (sessions,)}
+    folders = new_folder if own_folders else None
+    async with KernelPool(size=1, working_dir=tmp_path, new_folder=folders, **options) as pool:
         a_dir, b_dir = (pool.claim(), pool.claim()) if own_folders else (tmp_path, tmp_path)
         async with (
-            CodeExecutor(pool=pool, working_dir=a_dir, **options) as a,  # type: ignore[arg-type]
-            CodeExecutor(pool=pool, working_dir=b_dir, **options) as b,  # type: ignore[arg-type]
+            CodeExecutor(pool=pool, working_dir=a_dir, **options) as a,
+            CodeExecutor(pool=pool, working_dir=b_dir, **options) as b,
         ):
             marker = b_dir / "planted-startup-ran"
             plant = (
