@@ -13,9 +13,11 @@ tool's MCP annotations (``readOnlyHint``, ``destructiveHint``, ``idempotentHint`
 are read only for the servers the policy names in ``trusted_servers``; for any other server a
 rule sees the MCP defaults of a tool that says nothing (not read-only, destructive, not
 idempotent, open world), so an untrusted server cannot talk its way into an ``allow``. A shell
-command is split into its commands (pipelines, ``;``, ``&&``, ``||``, subshells, ``$(...)``)
-and each program is decided on its own; the strictest decision wins, and a command line that
-cannot be read safely is asked about at least.
+command is split into its commands and each is decided on its own; the strictest decision wins.
+``allow`` holds only for what the positive reader proves (`ipybox.app._shellproof`: plain words,
+no expansion, assignment or path) and, for a program that runs others, only when the rule names
+its arguments; anything else is asked about at least. ``deny`` rules also see what the best-effort
+reader finds (`ipybox.app._shellparse`: pipelines, subshells, ``$(...)``).
 
 Policies also come as a TOML file (`load_policy`), checked against a strict schema: an unknown
 key, decision or annotation, or a bad glob, is an error that names the line.

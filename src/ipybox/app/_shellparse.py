@@ -1,4 +1,7 @@
-"""The programs a shell command line runs, for policy rules (application side only).
+"""The programs a shell command line runs, as far as can be seen, for deny rules (application side only).
+
+This reader proves nothing: it finds programs for ``deny`` and ``ask`` rules, and a rule's
+``allow`` holds only for lines the positive reader in `ipybox.app._shellproof` accepts.
 
 `programs` splits a command line the way a POSIX shell would at its control operators
 (``|``, ``||``, ``&&``, ``;``, ``&``, newlines, ``(`` ``)`` subshells, ``{`` ``}`` groups) and
