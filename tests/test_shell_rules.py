@@ -78,6 +78,7 @@ def test_the_positive_reader_returns_the_words_the_shell_runs(
         "ls 'unclosed",
         "ls $'\\x41'",
         "ls\x00",
+        "ls > /dev/tcp/127.0.0.1/80",  # bash opens a connection, not a file
         "",
     ],
 )

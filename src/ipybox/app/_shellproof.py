@@ -61,6 +61,10 @@ _RUNNERS = (
     "dpkg", "apt", "apt-get", "rpm", "yum", "dnf", "jupyter*", "ipython*", "ld.so", "ld-linux*",
     "openssl", "curl", "wget", "socat", "nc", "ncat", "netcat", "telnet", "ftp", "mail", "mutt",
     "sqlite3", "psql", "mysql", "dd", "install", "ln", "srt",
+    # They run code or hooks from the folder they work in (conftest.py, tox.ini, plugins, Gemfile, ...).
+    "pytest", "py.test", "tox", "nox", "pre-commit", "mypy", "hatch", "pdm", "rye", "conda", "mamba",
+    "micromamba", "bundle", "gem", "rake", "gradle*", "mvn", "ant", "sbt", "dotnet", "bazel*", "meson",
+    "scons", "just", "task", "direnv", "nix*", "ctest",
 )  # fmt: skip
 _FIND_RUNNING = frozenset(
     {"-exec", "-execdir", "-ok", "-okdir", "-fprint", "-fprint0", "-fprintf", "-fls", "-delete"}
@@ -163,6 +167,9 @@ class _Reader:
         target = self._word()
         if not target:
             raise _Outside("a redirection to an empty name")
+        if target.startswith("/dev/") and target != "/dev/null":
+            # bash opens /dev/tcp/host/port, /dev/fd/N and the like itself: not a plain file.
+            raise _Outside("a redirection to a device bash reads as a connection or descriptor")
         self.files.append(target)
 
     def _word(self) -> str:

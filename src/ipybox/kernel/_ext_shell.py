@@ -40,7 +40,10 @@ def _not_run(exc: Any, what: str, tool_name: str) -> Exception:
     """The error for a shell command that did not run, from the tool server's `exc`."""
     from ipybox.errors import ToolRunnerError
 
-    if exc.kind == "rejected":
+    _, refused, by = str(exc).partition(" was refused by ")
+    if exc.kind == "rejected" and refused and by.startswith(("policy ", "the policy's ")):
+        message = f"The {what} was refused by {by.rstrip('.')}, so it did not run."
+    elif exc.kind == "rejected":
         message = f"The {what} was rejected by the application, so it did not run."
     elif exc.kind == "expired":
         message = f"The {what} expired: the application made no approval decision in time, so it did not run."
