@@ -85,7 +85,7 @@ class Rule:
 
             Rule("allow", server="github", tool="get_*")
             Rule("deny", annotations={"destructiveHint": True})
-            Rule("allow", program=["ls", "cat", "git"])  # shell commands
+            Rule("allow", program=["ls", "cat", "git status"])  # shell commands
 
     Args:
         decision: ``"allow"``, ``"ask"`` or ``"deny"``.
