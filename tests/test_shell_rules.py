@@ -7,10 +7,13 @@ bash and dash themselves; `tests/test_shell_rule_attacks.py` runs the attacks in
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from ipybox.app._shell import ShellProgramError, ShellRunner  # private: the runner's program lookup
 from ipybox.app._shellproof import proven_commands  # private: the positive reader on its own
-from ipybox.policy import Policy, Rule
+from ipybox.policy import Policy, Rule, load_policy
 
 LS = Policy((Rule("allow", program=["ls", "echo", "cat", "git", "printf", "find", "env"]),), default="ask")
 DENY_RM = Policy((Rule("deny", program="rm"), Rule("allow", program="*")), default="ask")
@@ -145,3 +148,49 @@ def test_a_session_allowance_covers_only_proven_lines_and_never_a_program_that_r
     assert policy.decide_shell("shell", {"cmd": "ls -l"}, {"ls"}).decision == "allow"
     assert policy.decide_shell("shell", {"cmd": "PATH=. ls"}, {"ls"}).decision == "ask"
     assert policy.decide_shell("shell", {"cmd": "git -c a=b x"}, {"git"}).decision == "ask"
+
+
+def test_a_policy_file_takes_argument_globs(tmp_path: Path) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text('[[rule]]\ndecision = "allow"\nprogram = ["git status", "git log *"]\n')
+    policy = load_policy(path)
+    assert decide(policy, "git log -n 1") == "allow"
+    assert decide(policy, "git -c core.pager=id log") == "ask"
+
+
+def _runner(tmp_path: Path) -> ShellRunner:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("bash", "ls"):
+        (bin_dir / name).write_text("#!/bin/sh\n")
+        (bin_dir / name).chmod(0o755)
+    return ShellRunner(
+        srt="srt",
+        settings_file=tmp_path / "s.json",
+        tmp_dir=tmp_path / "tmp",
+        start_dir=tmp_path,
+        env={},
+        path=str(bin_dir),
+    )
+
+
+def test_the_runner_starts_programs_by_absolute_path_from_its_own_path_only(tmp_path: Path) -> None:
+    runner = _runner(tmp_path)
+    bin_dir = tmp_path / "bin"
+    assert runner.resolve(["ls", "-l"], None) == ([str(bin_dir / "ls"), "-l"], None)
+    assert runner.resolve([str(bin_dir / "ls")], None)[0] == [str(bin_dir / "ls")]
+    for planted in ("./bash", "bin/bash", "/tmp/bash", f"{bin_dir}/../bin2/bash"):
+        with pytest.raises(ShellProgramError, match="given by a path"):
+            runner.resolve([planted], b"ls\n")
+    with pytest.raises(ShellProgramError, match="not in any of"):
+        runner.resolve(["nonexistent-program"], None)
+
+
+def test_a_shell_cell_is_given_whole_as_an_argument_never_on_stdin(tmp_path: Path) -> None:
+    runner = _runner(tmp_path)
+    assert runner.resolve(["bash"], b"head -c 4\nls\n") == (
+        [str(tmp_path / "bin" / "bash"), "-c", "head -c 4\nls\n"],
+        None,
+    )
+    with pytest.raises(ShellProgramError, match="save it as a file"):
+        runner.resolve(["bash"], b"ls\n" * 50_000)
