@@ -133,3 +133,10 @@ async def test_a_plain_allowed_line_still_runs_unasked(walled: CodeExecutor, wor
     (workdir / "visible.txt").write_text("seen\n")
     asked, text = await attack(walled, "!ls visible.txt && cat visible.txt")
     assert (asked, text) == ([], "visible.txt\nseen")
+
+
+async def test_a_large_script_cell_still_runs_whole(walled: CodeExecutor, workdir: Path) -> None:
+    (workdir / "last.txt").write_text("")
+    cell = "ls -d 'last.txt'" + " " * 200_000 + "\nls last.txt\n"  # too long for one argument
+    asked, text = await attack(walled, "%%bash\n" + cell)
+    assert (asked, text) == ([], "last.txt\nlast.txt"), text[-400:]

@@ -186,11 +186,9 @@ def test_the_runner_starts_programs_by_absolute_path_from_its_own_path_only(tmp_
         runner.resolve(["nonexistent-program"], None)
 
 
-def test_a_shell_cell_is_given_whole_as_an_argument_never_on_stdin(tmp_path: Path) -> None:
+def test_a_shell_reads_its_cell_whole_before_running_it(tmp_path: Path) -> None:
     runner = _runner(tmp_path)
-    assert runner.resolve(["bash"], b"head -c 4\nls\n") == (
-        [str(tmp_path / "bin" / "bash"), "-c", "head -c 4\nls\n"],
-        None,
-    )
-    with pytest.raises(ShellProgramError, match="save it as a file"):
-        runner.resolve(["bash"], b"ls\n" * 50_000)
+    bash = str(tmp_path / "bin" / "bash")
+    assert runner.resolve(["bash"], b"head -c 4\nls\n") == ([bash, "-c", 'eval "$(cat)"'], b"head -c 4\nls\n")
+    # With arguments the shell is a program like any other (and the rules ask about it).
+    assert runner.resolve(["bash", "-x"], b"ls\n") == ([bash, "-x"], b"ls\n")

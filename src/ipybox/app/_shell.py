@@ -39,8 +39,8 @@ DEFAULT_MAX_SHELL_OUTPUT = 4 * 1024 * 1024
 
 
 _SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh"})
-# A script cell given as one argument (-c): Linux caps one argument at 128 KiB.
-_MAX_SCRIPT = 120 * 1024
+# A shell reads its whole script cell from stdin, then runs it.
+_READ_WHOLE = 'eval "$(cat)"'
 
 
 class ShellProgramError(ValueError):
@@ -93,9 +93,10 @@ class ShellRunner:
         ``PATH``, and what it reads on stdin.
 
         A program the kernel names by a path is refused unless it lies in one of those folders: a
-        ``%%script ./bash`` would otherwise run whatever the kernel put there. A shell's script cell
-        is given as ``-c``, not on stdin, where a command of the cell could read the rest of the
-        script (``head -c 4``) and make the shell run another command than the one approved.
+        ``%%script ./bash`` would otherwise run whatever the kernel put there. A shell reads a script
+        cell whole before running it (``eval "$(cat)"``), not line by line from stdin, where a
+        command of the cell could read the rest of the script (``head -c 4``) and make the shell run
+        another command than the one approved.
 
         Raises:
             ShellProgramError: The program is given by a path elsewhere, or is not on ``PATH``.
@@ -115,12 +116,9 @@ class ShellRunner:
                 f"The program {program!r} is not in any of {self.path}; name one that is."
             )
         if stdin is not None and len(argv) == 1 and os.path.basename(program) in _SHELLS:
-            if len(stdin) > _MAX_SCRIPT:
-                raise ShellProgramError(
-                    f"The script cell is {len(stdin)} bytes, over the {_MAX_SCRIPT} a shell takes as one "
-                    "argument; save it as a file in the working directory and run that file (`!bash name.sh`)."
-                )
-            return [found, "-c", stdin.decode(errors="surrogateescape")], None
+            # The whole cell is read before any of it runs, then run as `-c` would run it; its
+            # commands find their stdin at its end (any argument could be too long for -c).
+            return [found, "-c", _READ_WHOLE], stdin
         return [found, *argv[1:]], stdin
 
     def command(
