@@ -140,3 +140,23 @@ async def test_a_large_script_cell_still_runs_whole(walled: CodeExecutor, workdi
     cell = "ls -d 'last.txt'" + " " * 200_000 + "\nls last.txt\n"  # too long for one argument
     asked, text = await attack(walled, "%%bash\n" + cell)
     assert (asked, text) == ([], "last.txt\nlast.txt"), text[-400:]
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    ['"r\\\nm" {marker}', "a+=1 rm {marker}", "ls ${{x:-\\}} #$(rm {marker})}}"],
+    ids=["backslash-newline-in-quotes", "append-assignment", "escaped-brace"],
+)
+async def test_a_denied_program_in_disguise_is_never_allowed(
+    walled: CodeExecutor, workdir: Path, spelling: str
+) -> None:
+    # `deny rm` before `allow *`: a spelling the shell reads as rm must not be allowed as another program.
+    marker = workdir / f"kept-{abs(hash(spelling))}"
+    marker.write_text("")
+    saved = walled.policy
+    walled.policy = Policy((Rule("deny", program="rm"), Rule("allow", program="*")), default="ask")
+    try:
+        await attack(walled, "%%bash\n" + spelling.format(marker=marker) + "\n")
+    finally:
+        walled.policy = saved
+    assert marker.exists()
