@@ -425,6 +425,9 @@ async def test_an_approved_command_of_one_session_cannot_plant_for_another_sessi
             a_folders = (await accepted(a, plant)).split()
             out = await accepted(b, "%%bash\npython -m IPython -c 'print(41 + 1)'\necho \"$IPYTHONDIR\"\n")
             assert "42" in out
+            # Nor can a command write to the folder that all commands shared before, found from its own.
+            probe = '%%bash\ntouch "$(dirname "$(dirname "$TMPDIR")")/tmp/probe" 2>/dev/null && echo wrote || echo refused\n'
+            assert (await accepted(b, probe)).strip() == "refused"
             assert not marker.exists()
             # Not even A's own next command sees what its last one left.
             again = await accepted(a, '%%bash\nls "$IPYTHONDIR/profile_default/startup" || echo gone\n')

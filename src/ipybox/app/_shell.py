@@ -151,7 +151,8 @@ class ShellRunner:
         shared = str(self.tmp_dir)
         settings = json.loads(self.settings_file.read_text())
         filesystem = settings["filesystem"]
-        filesystem["allowWrite"] = [p for p in filesystem["allowWrite"] if p != shared] + [str(folder)]
+        kept = [p for p in filesystem["allowWrite"] if Path(p).resolve() != self.tmp_dir.resolve()]
+        filesystem["allowWrite"] = [*kept, str(folder)]
         own = folder.with_name(folder.name + ".json")  # beside the folder, out of the command's reach
         partial = own.with_name(own.name + ".partial")
         partial.write_text(json.dumps(settings))
