@@ -27,7 +27,8 @@ from hypothesis import strategies as st
 from ipybox.app._shellproof import proven_commands  # private: the reader the property is about
 from ipybox.policy import Policy, Rule
 
-pytestmark = pytest.mark.slow
+# A bounded number of cases, each a few process starts: minutes only on a machine loaded many times over.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 ALLOWED = ("ls", "cat", "wc", "grep", "head")
 # Stubs that must never run for an allowed line (plus every allowed one).
