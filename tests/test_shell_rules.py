@@ -133,6 +133,8 @@ def test_deny_rules_still_deny_what_the_best_effort_reader_sees() -> None:
     assert decide(DENY_RM, 'X=1 "r\\\nm" -rf x') == "deny"  # "r\<newline>m" is rm
     assert decide(DENY_RM, "a+=1 rm x") == "deny"
     assert decide(DENY_RM, "echo $(rm x)") == "deny"
+    # bash runs the substitution in `>&2'$(rm x)'`: the best-effort reader does not claim to read it.
+    assert decide(DENY_RM, "x>&2'$(rm x)'") == "ask"
     # What even the best-effort reader cannot read is asked about, never allowed.
     assert decide(DENY_RM, "ls ${x:-\\} #$(rm p; id)}") == "ask"
 

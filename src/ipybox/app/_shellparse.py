@@ -14,7 +14,11 @@ and the policy then asks rather than allows.
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["programs"]
+
+_DUPLICATE = re.compile(r"(\d+|-)(?=[\s;&|()<>]|$)")
 
 _SEPARATORS = frozenset(";&|\n()")
 _KEYWORDS = frozenset(
@@ -128,9 +132,13 @@ def _parse(text: str, pos: int, found: list[str], *, nested: bool) -> int:  # no
                 pos = _parse(text, pos + 2, found, nested=True) + 1
                 word.mark_dynamic()
                 continue
+            start = pos
             pos += 1
             while pos < len(text) and text[pos] in "<>&|":
                 pos += 1
+            if "&" in text[start:pos] and not _DUPLICATE.match(text, pos):
+                # bash reads the word after >& in ways of its own (>&2'$(id)' runs id).
+                raise _Unsure("a redirection with & to anything but a descriptor number")
             redirect = True
         elif char == ")":
             if depth == 0:
