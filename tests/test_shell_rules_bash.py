@@ -8,6 +8,9 @@ by bash and by dash with an empty environment whose ``PATH`` holds only recordin
 program the lines name, allowed or not). The property: only allowed programs ran, each with words
 the reader returned, and no file appeared but those the reader's plain redirections name.
 Running as root, the shells run as ``nobody``, so a reader mistake cannot write outside.
+
+The deny rules' best-effort reader gets a property of its own: on every line it claims to read,
+each program the shells run is one it listed (so `deny rm` sees a disguised rm).
 """
 
 from __future__ import annotations
