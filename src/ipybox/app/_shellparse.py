@@ -1,4 +1,7 @@
-"""The programs a shell command line runs, for policy rules (application side only).
+"""The programs a shell command line runs, as far as can be seen, for deny rules (application side only).
+
+This reader proves nothing: it finds programs for ``deny`` and ``ask`` rules, and a rule's
+``allow`` holds only for lines the positive reader in `ipybox.app._shellproof` accepts.
 
 `programs` splits a command line the way a POSIX shell would at its control operators
 (``|``, ``||``, ``&&``, ``;``, ``&``, newlines, ``(`` ``)`` subshells, ``{`` ``}`` groups) and
@@ -11,7 +14,11 @@ and the policy then asks rather than allows.
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["programs"]
+
+_DUPLICATE = re.compile(r"(\d+|-)(?=[\s;&|()<>]|$)")
 
 _SEPARATORS = frozenset(";&|\n()")
 _KEYWORDS = frozenset(
@@ -125,9 +132,13 @@ def _parse(text: str, pos: int, found: list[str], *, nested: bool) -> int:  # no
                 pos = _parse(text, pos + 2, found, nested=True) + 1
                 word.mark_dynamic()
                 continue
+            start = pos
             pos += 1
             while pos < len(text) and text[pos] in "<>&|":
                 pos += 1
+            if "&" in text[start:pos] and not _DUPLICATE.match(text, pos):
+                # bash reads the word after >& in ways of its own (>&2'$(id)' runs id).
+                raise _Unsure("a redirection with & to anything but a descriptor number")
             redirect = True
         elif char == ")":
             if depth == 0:
@@ -162,7 +173,9 @@ def _double_quoted(text: str, pos: int, word: _Word, found: list[str]) -> int:
         char = text[pos]
         if char == '"':
             return pos + 1
-        if char == "\\" and text[pos + 1] in '"\\$`\n':
+        if char == "\\" and text[pos + 1] == "\n":
+            pos += 2  # a line continuation, inside double quotes too: "r\<newline>m" is rm
+        elif char == "\\" and text[pos + 1] in '"\\$`':
             word.text.append(text[pos + 1])
             pos += 2
         elif char == "`":
@@ -187,7 +200,8 @@ def _dollar(text: str, pos: int, word: _Word, found: list[str]) -> int:
     if following == "{":
         close = text.index("}", pos + 2)
         inner = text[pos + 2 : close]
-        if any(mark in inner for mark in "$`("):
+        # A quoted or escaped "}" does not close it: read no further than what is certain.
+        if any(mark in inner for mark in "$`(\\'\"{"):
             raise _Unsure("a substitution inside a parameter expansion")
         return close + 1
     if following.isalnum() or following == "_":
@@ -232,4 +246,5 @@ def _command(words: list[_Word], found: list[str]) -> None:
 
 def _is_assignment(text: str) -> bool:
     name, equals, _ = text.partition("=")
+    name = name.removesuffix("+")  # a+=b appends
     return bool(equals) and name.isidentifier() and name.isascii()
