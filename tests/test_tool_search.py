@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ async def test_a_kernel_finds_a_tool_imports_it_as_shown_and_sees_the_index_of_a
         assert lines[0] == "work.create_issue: Create a new issue in a GitHub repository."
         assert lines[1].strip() == "from mcptools.work import create_issue"
         assert lines[2].strip() == (
-            "create_issue.run(create_issue.Params(repo: str, title: str = None, body: str = None)) -> str"
+            "create_issue.run(create_issue.Params(repo: str, title: str | None = None, body: str | None = None)) -> str"
         )
         assert json.loads(lines[3]) == {"repo": "a/b", "title": "crash"}
 
@@ -185,8 +186,8 @@ async def test_generation_leaves_out_planted_catalogues_and_never_follows_their_
     with caplog.at_level(logging.WARNING, logger="ipybox.mcp_apigen"):
         await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES]), root)
     assert _found("create an issue", root) == ["work.create_issue"]
-    index = (root / INDEX_FILE).read_text()
-    assert "SECRET-FROM-OUTSIDE" not in index and "leak" not in index
+    index = json.loads((root / INDEX_FILE).read_text())
+    assert [(tool["server"], tool["tool"]) for tool in index["tools"]] == [("work", "create_issue")]
     left_out = "\n".join(record.getMessage() for record in caplog.records)
     assert (
         "linked/_search.json" in left_out
@@ -259,3 +260,26 @@ async def test_a_package_deleted_since_the_last_generation_is_not_found(tmp_path
     assert "chat.post_message" not in _found("post a message to a channel", root)
     assert [m.tool for m in _search.search(workspace, "mcptools", "post a message to a channel", 5)] == []
     assert [m.tool for m in _search.search(workspace, "mcptools", "create an issue", 5)] == ["create_issue"]
+
+
+_GENERATE_LOGGED = """
+import asyncio, json, logging, sys
+from ipybox import generate_mcp_sources
+logging.basicConfig(level=logging.WARNING, format="ipybox %(levelname)s %(name)s: %(message)s")
+asyncio.run(generate_mcp_sources("work", json.loads(sys.argv[2]), sys.argv[1]))
+"""
+
+
+def test_generation_logs_no_debug_lines_of_the_ranking_library_at_the_default_level(tmp_path: Path) -> None:
+    """The MCP server configures logging as here (WARNING by default); bm25s set its own logger to
+    DEBUG on import, and register_mcp_server printed its progress."""
+    params = _params(tmp_path, "work", [ISSUES, FORECAST])
+    child = subprocess.run(
+        [sys.executable, "-c", _GENERATE_LOGGED, str(tmp_path / "mcptools"), json.dumps(params)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stderr == ""
+    assert _found("weather forecast", tmp_path / "mcptools", limit=1) == ["work.get-forecast"]

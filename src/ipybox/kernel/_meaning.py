@@ -1,0 +1,139 @@
+"""The tool search by meaning, on the query side (standard library only).
+
+The index holds, besides the BM25 postings, a ``dense`` section built by the application from
+WordLlama's static embeddings (`ipybox.app._embedding`): one vector per word (every lower-case
+English word the model's tokenizer knows whole, and every word of the tools' texts) and one unit
+vector per tool, each as base64 of signed bytes. A query's vector is the sum of its words'
+vectors, exactly as the model would embed it, and a tool's closeness is the cosine of the two;
+words outside the table add nothing. No numpy and no model are needed here.
+
+Both rankings are merged by reciprocal rank fusion: each tool gets ``1 / (K + rank)`` from each
+ranking it is in (the constants were chosen on the benchmark's development split).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import re
+from array import array
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["DENSE_DIM", "DENSE_DOC_WORDS", "STOPWORDS", "WORD", "Dense", "fuse", "meaning_words", "weak"]
+
+DENSE_DIM = 128
+"""How many of the model's dimensions the index keeps (its first ones carry most of the meaning)."""
+DENSE_DOC_WORDS = 40
+"""How many words of a tool's name, title and description make its vector."""
+_RRF_K = 60
+_CANDIDATES = 50
+# A deprecated tool's fused score is multiplied by this: it drops below a replacement that ranks
+# about as well (the replacement usually says the same thing in more words).
+_DEPRECATED = 0.85
+# A search whose best tool shares no word with the query and is further than this from it in
+# meaning (cosine) answers nothing: "book a flight" finds no three unrelated tools.
+WEAK_COSINE = 0.45
+
+# Words split at case changes and at anything that is not a letter or digit: `getFileInfo`,
+# `get_file_info` and "get file info" are the same three words.
+WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
+STOPWORDS = frozenset(
+    "a about above after again all also an and any are as at be been before being below between both "
+    "but by can could did do does doing each either else etc for from further had has have having "
+    "here how however i if in into is it its itself just let may me might more most must my no nor "
+    "not of off on once one only or other our out over own per please same shall should so some such "
+    "than that the their them then there these they this those through to too under until up upon us "
+    "use used using via want was we were what when where whether which while who whom why will with "
+    "within without would you your".split()
+)
+
+
+def meaning_words(text: str) -> list[str]:
+    """The lower-case words of `text` whose vectors make its meaning (common English words left out)."""
+    return [word for word in (raw.lower() for raw in WORD.findall(text)) if word not in STOPWORDS]
+
+
+class Dense:
+    """The ``dense`` section of an index, decoded once (the tools' vectors) and checked.
+
+    Raises:
+        ValueError: The section is not one ipybox wrote (wrong types, sizes or encodings).
+    """
+
+    def __init__(self, section: Mapping[str, Any], tools: int) -> None:
+        dim, scale, words, vectors = section["dim"], section["scale"], section["words"], section["tools"]
+        if type(dim) is not int or dim != DENSE_DIM:
+            raise ValueError("a vector size this ipybox does not write")
+        if type(scale) is not float or not math.isfinite(scale) or scale <= 0:
+            raise ValueError("a scale that is not a positive number")
+        if not isinstance(words, Mapping) or not isinstance(vectors, list) or len(vectors) != tools:
+            raise ValueError("vectors that do not match the tools")
+        self.words: Mapping[str, Any] = words
+        self.count = tools
+        # Python's big integers as a vector unit: column `d` of all tools' vectors packed into one
+        # integer, 64 bits a tool, each value moved by 128 to be positive. A query then costs one
+        # multiply-add per dimension over all tools at once, plus a correction per tool: a few
+        # hundred machine words moved instead of a Python loop over every tool and dimension.
+        decoded = [self._decode(vector) for vector in vectors]
+        self.columns = [
+            int.from_bytes(array("Q", (vector[d] + 128 for vector in decoded)).tobytes(), "little")
+            for d in range(DENSE_DIM)
+        ]
+        self.sums = [sum(vector) for vector in decoded]
+
+    @staticmethod
+    def _decode(text: object) -> array[int]:
+        if not isinstance(text, str):
+            raise ValueError("a vector that is not text")
+        try:
+            raw = base64.b64decode(text, validate=True)
+        except binascii.Error as exc:
+            raise ValueError("a vector that is not base64") from exc
+        if len(raw) != DENSE_DIM:
+            raise ValueError("a vector of the wrong size")
+        return array("b", raw)
+
+    def closeness(self, words: Sequence[str], allowed: Sequence[bool]) -> dict[int, float]:
+        """The cosine of the query made of `words` with each allowed tool (none without known words)."""
+        query = [0] * DENSE_DIM
+        for word in words:
+            encoded = self.words.get(word)
+            if encoded is not None:
+                query = list(map(int.__add__, query, self._decode(encoded)))
+        norm = math.sqrt(sum(value * value for value in query))
+        if not norm or not self.count:
+            return {}
+        low = min(query)
+        packed = 0
+        for value, column in zip(query, self.columns, strict=True):
+            if value != low:
+                packed += (value - low) * column
+        # Each tool's field: sum((q - low) * (t + 128)) = q.t - low * sum(t) + 128 * sum(q - low);
+        # it stays far below 2**64 (a query's values are at most a few words times 127).
+        fields = array("Q", packed.to_bytes(8 * self.count, "little"))
+        shift = 128 * sum(value - low for value in query)
+        norm *= 127
+        return {
+            doc: (field - shift + low * total) / norm
+            for doc, (field, total) in enumerate(zip(fields, self.sums, strict=True))
+            if allowed[doc]
+        }
+
+
+def fuse(
+    lexical: Mapping[int, float], closeness: Mapping[int, float], deprecated: Sequence[bool]
+) -> dict[int, float]:
+    """Each tool's reciprocal-rank-fusion score from the word ranking and the meaning ranking."""
+    fused: dict[int, float] = {}
+    for scores in (lexical, closeness):
+        ranked = sorted(scores, key=lambda doc: (-scores[doc], doc))[:_CANDIDATES]
+        for place, doc in enumerate(ranked):
+            fused[doc] = fused.get(doc, 0.0) + 1 / (_RRF_K + place)
+    return {doc: score * _DEPRECATED if deprecated[doc] else score for doc, score in fused.items()}
+
+
+def weak(lexical: Mapping[int, float], closeness: Mapping[int, float], best: int) -> bool:
+    """Whether the best tool fits the query too little to be shown."""
+    return lexical.get(best, 0.0) <= 0 and closeness.get(best, 0.0) < WEAK_COSINE
