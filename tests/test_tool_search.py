@@ -283,3 +283,34 @@ def test_generation_logs_no_debug_lines_of_the_ranking_library_at_the_default_le
     assert child.returncode == 0, child.stderr
     assert child.stderr == ""
     assert _found("weather forecast", tmp_path / "mcptools", limit=1) == ["work.get-forecast"]
+
+
+REFUND = _tool("create_refund", "Create a refund for a charge.", charge=("string", "Charge ID"))
+READ_OLD = _tool(
+    "read_file",
+    "Read the complete contents of a file as text. DEPRECATED: Use read_text_file instead.",
+    path=("string", "Path of the file"),
+)
+READ_NEW = _tool(
+    "read_text_file",
+    "Read the complete contents of a file from the file system as text.",
+    path=("string", "Path of the file"),
+)
+
+
+async def test_a_tool_is_found_by_meaning_without_a_shared_word_and_an_unmet_need_finds_nothing(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "mcptools"
+    await generate_mcp_sources("shop", _params(tmp_path, "shop", [REFUND, ISSUES, FORECAST, POST]), root)
+    assert _found("give the customer their money back", root)[0] == "shop.create_refund"
+    # Words-only ranking had three unrelated tools for a need no tool meets; now nothing.
+    for need in ["book a flight to Lisbon", "order a pizza for delivery"]:
+        assert _found(need, root) == []
+
+
+async def test_a_deprecated_tool_ranks_below_its_replacement(tmp_path: Path) -> None:
+    root = tmp_path / "mcptools"
+    await generate_mcp_sources("files", _params(tmp_path, "files", [READ_OLD, READ_NEW, ISSUES]), root)
+    found = _found("read a file", root)
+    assert found[:2] == ["files.read_text_file", "files.read_file"], found

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
 import math
 import re
 from array import array
@@ -29,13 +30,17 @@ DENSE_DOC_WORDS = 40
 """How many words of a tool's name, title and description make its vector."""
 _RRF_K = 60
 _CANDIDATES = 50
-# A deprecated tool's fused score is multiplied by this: it drops below a replacement that ranks
-# about as well (the replacement usually says the same thing in more words).
-_DEPRECATED = 0.85
-# A search whose best tool shares no word with the query and is further than this from it in
-# meaning (cosine) answers nothing: "book a flight" finds no three unrelated tools.
-WEAK_COSINE = 0.45
+# A deprecated tool's fused score is multiplied by this, about two places down in each ranking:
+# it drops below a replacement that ranks about as well (a replacement says much the same), not
+# below tools that fit less.
+_DEPRECATED = 0.97
+# A search whose best tool is both further than this from the query in meaning (cosine) and
+# scores less than this for its words (BM25) answers nothing: "book a flight" finds no three
+# unrelated tools. Chosen on the development split of the benchmark's needs and no-fit needs.
+WEAK_COSINE = 0.42
+WEAK_WORDS = 4.0
 
+_PLUS_128 = bytes(value ^ 0x80 for value in range(256))
 # Words split at case changes and at anything that is not a letter or digit: `getFileInfo`,
 # `get_file_info` and "get file info" are the same three words.
 WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
@@ -76,12 +81,15 @@ class Dense:
         # integer, 64 bits a tool, each value moved by 128 to be positive. A query then costs one
         # multiply-add per dimension over all tools at once, plus a correction per tool: a few
         # hundred machine words moved instead of a Python loop over every tool and dimension.
-        decoded = [self._decode(vector) for vector in vectors]
+        flat = b"".join(self._decode(vector).tobytes() for vector in vectors)
+        # XOR 0x80 turns a signed byte into the same value plus 128, for all of a column at once.
         self.columns = [
-            int.from_bytes(array("Q", (vector[d] + 128 for vector in decoded)).tobytes(), "little")
+            int.from_bytes(
+                array("I", memoryview(flat[d::DENSE_DIM].translate(_PLUS_128))).tobytes(), "little"
+            )
             for d in range(DENSE_DIM)
         ]
-        self.sums = [sum(vector) for vector in decoded]
+        self.sums = [sum(array("b", flat[i : i + DENSE_DIM])) for i in range(0, len(flat), DENSE_DIM)]
 
     @staticmethod
     def _decode(text: object) -> array[int]:
@@ -95,8 +103,11 @@ class Dense:
             raise ValueError("a vector of the wrong size")
         return array("b", raw)
 
-    def closeness(self, words: Sequence[str], allowed: Sequence[bool]) -> dict[int, float]:
-        """The cosine of the query made of `words` with each allowed tool (none without known words)."""
+    def closeness(self, words: Sequence[str], allowed: Sequence[bool] | None) -> dict[int, float]:
+        """The cosine of the query made of `words` with the closest allowed tools (all when ``None``).
+
+        Empty when no word of the query has a vector.
+        """
         query = [0] * DENSE_DIM
         for word in words:
             encoded = self.words.get(word)
@@ -105,21 +116,25 @@ class Dense:
         norm = math.sqrt(sum(value * value for value in query))
         if not norm or not self.count:
             return {}
-        low = min(query)
+        # The query's values moved to 0..4095 (its direction barely changes): each tool's field,
+        # sum(q' * (t + 128)), then stays below 128 * 4095 * 255 < 2**32.
+        low, high = min(query), max(query)
+        step = (high - low) / 4095 or 1.0
+        moved = [round((value - low) / step) for value in query]
         packed = 0
-        for value, column in zip(query, self.columns, strict=True):
-            if value != low:
-                packed += (value - low) * column
-        # Each tool's field: sum((q - low) * (t + 128)) = q.t - low * sum(t) + 128 * sum(q - low);
-        # it stays far below 2**64 (a query's values are at most a few words times 127).
-        fields = array("Q", packed.to_bytes(8 * self.count, "little"))
-        shift = 128 * sum(value - low for value in query)
+        for value, column in zip(moved, self.columns, strict=True):
+            if value:
+                packed += value * column
+        fields = array("I", packed.to_bytes(4 * self.count, "little"))
+        # field - 128 * sum(q') = sum(q' * t) ~ (q - low) . t / step, so q . t ~ that * step + low * sum(t).
+        shift = 128 * sum(moved)
         norm *= 127
-        return {
-            doc: (field - shift + low * total) / norm
-            for doc, (field, total) in enumerate(zip(fields, self.sums, strict=True))
-            if allowed[doc]
-        }
+        closeness = [
+            ((field - shift) * step + low * total) / norm
+            for field, total in zip(fields, self.sums, strict=True)
+        ]
+        docs = range(self.count) if allowed is None else [doc for doc in range(self.count) if allowed[doc]]
+        return {doc: closeness[doc] for doc in heapq.nlargest(_CANDIDATES, docs, key=closeness.__getitem__)}
 
 
 def fuse(
@@ -128,12 +143,12 @@ def fuse(
     """Each tool's reciprocal-rank-fusion score from the word ranking and the meaning ranking."""
     fused: dict[int, float] = {}
     for scores in (lexical, closeness):
-        ranked = sorted(scores, key=lambda doc: (-scores[doc], doc))[:_CANDIDATES]
+        ranked = heapq.nsmallest(_CANDIDATES, scores, key=lambda doc: (-scores[doc], doc))
         for place, doc in enumerate(ranked):
             fused[doc] = fused.get(doc, 0.0) + 1 / (_RRF_K + place)
     return {doc: score * _DEPRECATED if deprecated[doc] else score for doc, score in fused.items()}
 
 
 def weak(lexical: Mapping[int, float], closeness: Mapping[int, float], best: int) -> bool:
-    """Whether the best tool fits the query too little to be shown."""
-    return lexical.get(best, 0.0) <= 0 and closeness.get(best, 0.0) < WEAK_COSINE
+    """Whether the best tool fits the query too little to be shown (never without vectors to tell)."""
+    return bool(closeness) and lexical.get(best, 0.0) < WEAK_WORDS and closeness.get(best, 0.0) < WEAK_COSINE

@@ -161,20 +161,15 @@ def rank(
     """
     query, limit = check_query(query, limit)
     try:
-        if index.get("version") != INDEX_VERSION:
-            raise ValueError("unknown version")
-        tools: list[Any] = index["tools"]
-        if not isinstance(tools, list):
-            raise ValueError("tools that are not a list")
-        allowed = [present is None or _server(tool) in present for tool in tools]
-        lexical = _lexical(index["postings"], words(query), allowed)
-        dense = _dense(index, len(tools))
-        closeness = dense.closeness(meaning_words(query), allowed) if dense else {}
-        fused = fuse(lexical, closeness, [tool.get("deprecated") is True for tool in tools])
+        prepared = _prepare(index)
+        allowed = [server in present for server in prepared.servers] if present is not None else None
+        lexical = prepared.lexical(words(query), allowed)
+        closeness = prepared.dense.closeness(meaning_words(query), allowed) if prepared.dense else {}
+        fused = fuse(lexical, closeness, prepared.deprecated)
         best = heapq.nlargest(limit, fused.items(), key=lambda item: (item[1], -item[0]))
         if not best or weak(lexical, closeness, best[0][0]):
             return []
-        return [_match(tools[doc], score) for doc, score in best]
+        return [_match(prepared.tools[doc], score) for doc, score in best]
     except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise ToolSearchError(
             f"The tool search index is not one this ipybox wrote ({type(exc).__name__}): generate the "
@@ -182,46 +177,63 @@ def rank(
         ) from None
 
 
-def _server(tool: Any) -> str:
-    server = tool["server"]
-    if not isinstance(server, str):
-        raise TypeError("a tool entry is not made of strings")
-    return server
+class _Prepared:
+    """What a search needs of a parsed index, checked once: a value ipybox does not write raises.
+
+    The postings of a word are checked the first time a query uses the word.
+    """
+
+    def __init__(self, index: Mapping[str, Any]) -> None:
+        if index.get("version") != INDEX_VERSION:
+            raise ValueError("unknown version")
+        self.tools: list[Any] = index["tools"]
+        self.postings: Mapping[str, Any] = index["postings"]
+        if not isinstance(self.tools, list) or not isinstance(self.postings, Mapping):
+            raise ValueError("tools or postings of the wrong type")
+        self.servers = [tool["server"] for tool in self.tools]
+        if not all(isinstance(server, str) for server in self.servers):
+            raise TypeError("a tool entry is not made of strings")
+        self.deprecated = [tool.get("deprecated") is True for tool in self.tools]
+        section = index.get("dense")
+        if section is not None and not isinstance(section, Mapping):
+            raise ValueError("vectors that are not a mapping")
+        self.dense = Dense(section, len(self.tools)) if section is not None else None
+        self.checked: set[str] = set()
+
+    def lexical(self, query: list[str], allowed: Sequence[bool] | None) -> dict[int, float]:
+        """Each allowed tool's BM25 score for the query's words (only tools with a score)."""
+        scores: dict[int, float] = {}
+        count = len(self.tools)
+        for word in query:
+            entry = self.postings.get(word)
+            if entry is None:
+                continue
+            docs, values = entry
+            if word not in self.checked:
+                # bool is an int, a 400-digit int overflows a float, NaN or infinity would rank anywhere.
+                for doc, score in zip(docs, values, strict=True):
+                    if type(doc) is not int or not 0 <= doc < count or type(score) not in (int, float):
+                        raise ValueError("a posting that is not a tool and a score")
+                    if not math.isfinite(score):
+                        raise ValueError("a score that is not a finite number")
+                self.checked.add(word)
+            for doc, score in zip(docs, values, strict=True):
+                scores[doc] = scores.get(doc, 0.0) + score
+        if allowed is not None:
+            return {doc: score for doc, score in scores.items() if score > 0 and allowed[doc]}
+        return {doc: score for doc, score in scores.items() if score > 0}
 
 
-def _lexical(postings: Any, query: list[str], allowed: Sequence[bool]) -> dict[int, float]:
-    """Each allowed tool's BM25 score for the query's words (only tools with a score)."""
-    if not isinstance(postings, Mapping):
-        raise ValueError("postings that are not a mapping")
-    scores: dict[int, float] = {}
-    for word in query:
-        entry = postings.get(word)
-        if entry is None:
-            continue
-        for doc, score in zip(entry[0], entry[1], strict=True):
-            # bool is an int, a 400-digit int overflows a float, and NaN or infinity would rank anywhere.
-            if type(doc) is not int or type(score) not in (int, float) or not math.isfinite(score):
-                raise ValueError("a posting that is not a tool and a score")
-            if doc >= 0 and allowed[doc]:
-                scores[doc] = scores.get(doc, 0.0) + float(score)
-    return {doc: score for doc, score in scores.items() if score > 0}
+# The last index prepared: checking it and decoding its vectors costs more than a search.
+_prepared: list[tuple[Mapping[str, Any], _Prepared]] = []
 
 
-# The last index's decoded vectors: decoding them costs more than a search.
-_decoded: list[tuple[Mapping[str, Any], Dense]] = []
-
-
-def _dense(index: Mapping[str, Any], tools: int) -> Dense | None:
-    section = index.get("dense")
-    if section is None:
-        return None
-    if not isinstance(section, Mapping):
-        raise ValueError("vectors that are not a mapping")
-    if _decoded and _decoded[0][0] is section:
-        return _decoded[0][1]
-    dense = Dense(section, tools)
-    _decoded[:] = [(section, dense)]
-    return dense
+def _prepare(index: Mapping[str, Any]) -> _Prepared:
+    if _prepared and _prepared[0][0] is index:
+        return _prepared[0][1]
+    prepared = _Prepared(index)
+    _prepared[:] = [(index, prepared)]
+    return prepared
 
 
 def _match(tool: Mapping[str, Any], score: float) -> ToolMatch:
