@@ -314,3 +314,14 @@ async def test_a_deprecated_tool_ranks_below_its_replacement(tmp_path: Path) -> 
     await generate_mcp_sources("files", _params(tmp_path, "files", [READ_OLD, READ_NEW, ISSUES]), root)
     found = _found("read a file", root)
     assert found[:2] == ["files.read_text_file", "files.read_file"], found
+
+
+async def test_an_index_without_vectors_still_ranks_by_words(tmp_path: Path) -> None:
+    """What an application without the embedding model writes: the search loses meaning, not words."""
+    root = tmp_path / "mcptools"
+    await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES, FORECAST, POST]), root)
+    index = json.loads((root / INDEX_FILE).read_text())
+    del index["dense"]
+    (root / INDEX_FILE).write_text(json.dumps(index))
+    assert _found("weather forecast for a city", root)[0] == "work.get-forecast"
+    assert _found("zzzz qqqq", root) == []

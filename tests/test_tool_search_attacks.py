@@ -16,6 +16,9 @@ from typing import Any
 import anyio.to_thread
 
 from ipybox import CodeExecutor, generate_mcp_sources
+
+# Private: the index file that hostile code damages, the MCP server's search (the trusted side's
+# reader) called without an MCP round trip, and the helpers of the tool search's own tests.
 from ipybox.kernel._search import INDEX_FILE
 from ipybox.mcp_server import _search
 from tests.test_tool_search import FORECAST, ISSUES, _found, _params

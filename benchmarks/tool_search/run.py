@@ -53,7 +53,11 @@ def load_heldout() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
     needs = folder / "needs.json"
     if not needs.exists():
         return None
-    return servers, json.loads(needs.read_text())["needs"]
+    return servers, [
+        {"query": need["need"], "fits": need["relevant"], "split": split}
+        for split, written in json.loads(needs.read_text()).items()
+        for need in written
+    ]
 
 
 def entries(servers: Sequence[dict[str, Any]]) -> list[dict[str, str]]:

@@ -16,7 +16,9 @@ words alone. The model is loaded once per process, on the first index built.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import logging
+import math
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -74,11 +76,14 @@ def _load() -> _Model | None:
         if _model is None and not _unavailable:
             try:
                 import numpy as np
-                import wordllama  # type: ignore[import-untyped]  # no type hints
                 from safetensors import safe_open
                 from tokenizers import Tokenizer
 
-                folder = Path(wordllama.__file__).parent
+                # Only its files are used: importing the package itself costs ~35 MB and 0.4 s.
+                spec = importlib.util.find_spec("wordllama")
+                if spec is None or not spec.submodule_search_locations:
+                    raise ImportError("the package wordllama is not installed")
+                folder = Path(next(iter(spec.submodule_search_locations)))
                 tokenizer = Tokenizer.from_file(
                     str(folder / "tokenizers" / "l2_supercat_tokenizer_config.json")
                 )
@@ -99,8 +104,8 @@ def dense_section(texts: Sequence[str]) -> dict[str, Any] | None:
     """The vectors part of an index for tools described by `texts`, or ``None`` without the model.
 
     Returns:
-        ``{"dim", "scale", "words", "tools"}``: each word's vector and each tool's unit vector, as
-        base64 of signed bytes (a word's scaled by ``scale``, a tool's by 127).
+        ``{"dim", "words", "tools"}``: each word's vector as ``[scale, base64 of signed bytes]``
+        (its largest value at 127) and each tool's vector as base64 of signed bytes (its largest value at 127).
     """
     model = _load()
     if model is None:
@@ -109,21 +114,35 @@ def dense_section(texts: Sequence[str]) -> dict[str, Any] | None:
 
     docs = [meaning_words(text)[:DENSE_DOC_WORDS] for text in texts]
     vocabulary = sorted(set(model.general).union(*docs))
-    table = model.vectors(vocabulary)
-    scale = float(np.abs(table).max()) / 127 if len(vocabulary) else 1.0
-    scale = scale or 1.0
+    # Each word weighs by how rare it is among the tools (inverse document frequency), in the tools'
+    # vectors and in queries alike: "list" or "get" says little about which tool is meant.
+    frequency: dict[str, int] = {}
+    for words in docs:
+        for word in set(words):
+            frequency[word] = frequency.get(word, 0) + 1
+    weights = np.array([math.log((len(docs) + 1) / (frequency.get(word, 0) + 1)) + 1 for word in vocabulary])
+    table = model.vectors(vocabulary) * weights[:, None].astype(np.float32)
     rows = {word: i for i, word in enumerate(vocabulary)}
     tools: list[str] = []
     for words in docs:
         vector = table[[rows[word] for word in words]].sum(axis=0) if words else np.zeros(DENSE_DIM)
-        norm = float(np.linalg.norm(vector))
-        tools.append(_pack(vector / norm * 127 if norm else vector))
+        # Its largest value at 127 (the kernel divides by its length): the most of the byte's range.
+        largest = float(np.abs(vector).max()) if words else 0.0
+        tools.append(_pack(vector / largest * 127 if largest else vector))
     return {
         "dim": DENSE_DIM,
-        "scale": scale,
-        "words": {word: _pack(table[i] / scale) for i, word in enumerate(vocabulary)},
+        "words": {word: _word(table[i]) for i, word in enumerate(vocabulary)},
         "tools": tools,
     }
+
+
+def _word(vector: npt.NDArray[Any]) -> list[Any]:
+    import numpy as np
+
+    # Each word at its own scale: one scale for all would leave common words (low weights) a few
+    # steps of the byte's range.
+    scale = float(np.abs(vector).max()) / 127 if vector.size else 0.0
+    return [scale, _pack(vector / scale if scale else vector)]
 
 
 def _pack(vector: npt.NDArray[Any]) -> str:

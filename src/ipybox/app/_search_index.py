@@ -3,7 +3,7 @@
 Each generated package gets a ``_search.json`` with one entry per tool: what a match shows
 (import line, signature, start of the description), the words it is found by (server, tool
 name and title, description, parameter names and descriptions; the name counts twice) and the
-text its meaning is taken from (server, name, title, description). After every generation the
+text its meaning is taken from (server, name, title, description, parameters). After every generation the
 index of the whole root folder is built again from those files, ranked with BM25 by ``bm25s``,
 given the vectors of `ipybox.app._embedding`, and written as ``_search_index.json``, which the
 kernel's stdlib-only query side (`ipybox.kernel._search`) reads. Scores depend on the whole
@@ -118,7 +118,7 @@ def _entry(package: str, server_name: str, tool: Tool, module: str) -> dict[str,
         parts.append(str(name))
         if isinstance(prop, Mapping) and isinstance(prop.get("description"), str):
             parts.append(prop["description"])
-    about = " ".join([server_name, tool.name, tool.title or "", description])
+    about = " ".join([server_name, tool.name, tool.title or "", description, *parts[5:]])
     return {
         "server": server_name,
         "tool": tool.name,
