@@ -29,12 +29,12 @@ DENSE_DIM = 128
 """How many of the model's dimensions the index keeps (its first ones carry most of the meaning)."""
 DENSE_DOC_WORDS = 40
 """How many words of a tool's name, title and description make its vector."""
-_RRF_K = 60
+_RRF_K = 20
+_MEANING_WEIGHT = 0.5
 _CANDIDATES = 50
-# A deprecated tool's fused score is multiplied by this, about two places down in each ranking:
-# it drops below a replacement that ranks about as well (a replacement says much the same), not
-# below tools that fit less.
-_DEPRECATED = 0.97
+# A deprecated tool counts two places further down in each ranking: it drops below a replacement
+# that ranks about as well (a replacement says much the same), not below tools that fit less.
+_DEPRECATED = 2
 # A search whose best tool is both further than this from the query in meaning (cosine) and
 # scores less than this for its words (BM25) answers nothing: "book a flight" finds no three
 # unrelated tools. Chosen on the development halves of the benchmark and the held-out set.
@@ -167,11 +167,12 @@ def fuse(
 ) -> dict[int, float]:
     """Each tool's reciprocal-rank-fusion score from the word ranking and the meaning ranking."""
     fused: dict[int, float] = {}
-    for scores in (lexical, closeness):
+    for scores, weight in ((lexical, 1.0), (closeness, _MEANING_WEIGHT)):
         ranked = heapq.nsmallest(_CANDIDATES, scores, key=lambda doc: (-scores[doc], doc))
         for place, doc in enumerate(ranked):
-            fused[doc] = fused.get(doc, 0.0) + 1 / (_RRF_K + place)
-    return {doc: score * _DEPRECATED if deprecated[doc] else score for doc, score in fused.items()}
+            place += _DEPRECATED if deprecated[doc] else 0
+            fused[doc] = fused.get(doc, 0.0) + weight / (_RRF_K + place)
+    return fused
 
 
 def weak(lexical: Mapping[int, float], closeness: Mapping[int, float], best: int) -> bool:
