@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
+import pytest
 
 from ipybox import CodeExecutor, generate_mcp_sources
 
@@ -59,6 +60,7 @@ def _generate(root: Path, params: dict[str, Any]) -> subprocess.CompletedProcess
     )
 
 
+@pytest.mark.slow  # a 15.5 MB catalogue written by a kernel, and a generation in a process of its own
 async def test_a_catalogue_a_kernel_planted_neither_reaches_the_index_nor_costs_the_generation_memory(
     tmp_path: Path,
 ) -> None:
