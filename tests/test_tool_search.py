@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -94,7 +95,7 @@ async def test_a_kernel_finds_a_tool_imports_it_as_shown_and_sees_the_index_of_a
         assert lines[0] == "work.create_issue: Create a new issue in a GitHub repository."
         assert lines[1].strip() == "from mcptools.work import create_issue"
         assert lines[2].strip() == (
-            "create_issue.run(create_issue.Params(repo: str, title: str = None, body: str = None)) -> str"
+            "create_issue.run(create_issue.Params(repo: str, title: str | None = None, body: str | None = None)) -> str"
         )
         assert json.loads(lines[3]) == {"repo": "a/b", "title": "crash"}
 
@@ -185,8 +186,8 @@ async def test_generation_leaves_out_planted_catalogues_and_never_follows_their_
     with caplog.at_level(logging.WARNING, logger="ipybox.mcp_apigen"):
         await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES]), root)
     assert _found("create an issue", root) == ["work.create_issue"]
-    index = (root / INDEX_FILE).read_text()
-    assert "SECRET-FROM-OUTSIDE" not in index and "leak" not in index
+    index = json.loads((root / INDEX_FILE).read_text())
+    assert [(tool["server"], tool["tool"]) for tool in index["tools"]] == [("work", "create_issue")]
     left_out = "\n".join(record.getMessage() for record in caplog.records)
     assert (
         "linked/_search.json" in left_out
@@ -259,3 +260,68 @@ async def test_a_package_deleted_since_the_last_generation_is_not_found(tmp_path
     assert "chat.post_message" not in _found("post a message to a channel", root)
     assert [m.tool for m in _search.search(workspace, "mcptools", "post a message to a channel", 5)] == []
     assert [m.tool for m in _search.search(workspace, "mcptools", "create an issue", 5)] == ["create_issue"]
+
+
+_GENERATE_LOGGED = """
+import asyncio, json, logging, sys
+from ipybox import generate_mcp_sources
+logging.basicConfig(level=logging.WARNING, format="ipybox %(levelname)s %(name)s: %(message)s")
+asyncio.run(generate_mcp_sources("work", json.loads(sys.argv[2]), sys.argv[1]))
+"""
+
+
+def test_generation_logs_no_debug_lines_of_the_ranking_library_at_the_default_level(tmp_path: Path) -> None:
+    """The MCP server configures logging as here (WARNING by default); bm25s set its own logger to
+    DEBUG on import, and register_mcp_server printed its progress."""
+    params = _params(tmp_path, "work", [ISSUES, FORECAST])
+    child = subprocess.run(
+        [sys.executable, "-c", _GENERATE_LOGGED, str(tmp_path / "mcptools"), json.dumps(params)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stderr == ""
+    assert _found("weather forecast", tmp_path / "mcptools", limit=1) == ["work.get-forecast"]
+
+
+REFUND = _tool("create_refund", "Create a refund for a charge.", charge=("string", "Charge ID"))
+READ_OLD = _tool(
+    "read_file",
+    "Read the complete contents of a file as text. DEPRECATED: Use read_text_file instead.",
+    path=("string", "Path of the file"),
+)
+READ_NEW = _tool(
+    "read_text_file",
+    "Read the complete contents of a file from the file system as text.",
+    path=("string", "Path of the file"),
+)
+
+
+async def test_a_tool_is_found_by_meaning_without_a_shared_word_and_an_unmet_need_finds_nothing(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "mcptools"
+    await generate_mcp_sources("shop", _params(tmp_path, "shop", [REFUND, ISSUES, FORECAST, POST]), root)
+    assert _found("give the customer their money back", root)[0] == "shop.create_refund"
+    # Words-only ranking had three unrelated tools for a need no tool meets; now nothing.
+    for need in ["book a flight to Lisbon", "order a pizza for delivery"]:
+        assert _found(need, root) == []
+
+
+async def test_a_deprecated_tool_ranks_below_its_replacement(tmp_path: Path) -> None:
+    root = tmp_path / "mcptools"
+    await generate_mcp_sources("files", _params(tmp_path, "files", [READ_OLD, READ_NEW, ISSUES]), root)
+    found = _found("read a file", root)
+    assert found[:2] == ["files.read_text_file", "files.read_file"], found
+
+
+async def test_an_index_without_vectors_still_ranks_by_words(tmp_path: Path) -> None:
+    """What an application without the embedding model writes: the search loses meaning, not words."""
+    root = tmp_path / "mcptools"
+    await generate_mcp_sources("work", _params(tmp_path, "work", [ISSUES, FORECAST, POST]), root)
+    index = json.loads((root / INDEX_FILE).read_text())
+    del index["dense"]
+    (root / INDEX_FILE).write_text(json.dumps(index))
+    assert _found("weather forecast for a city", root)[0] == "work.get-forecast"
+    assert _found("zzzz qqqq", root) == []

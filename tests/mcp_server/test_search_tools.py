@@ -74,7 +74,7 @@ async def test_registered_tools_are_found_with_their_import_line_and_signature(
     assert lines[:3] == [
         "1. chat.post_message: Post a message to a Slack channel.",
         "    from mcptools.chat import post_message",
-        "    post_message.run(post_message.Params(channel: str, text: str = None)) -> str",
+        "    post_message.run(post_message.Params(channel: str, text: str | None = None)) -> str",
     ]
     assert result.structured_content is not None
     matches = result.structured_content["matches"]

@@ -114,7 +114,13 @@ async def generate_mcp_sources(
     )
     if warning is not None:
         logger.warning("%s", warning)
-    return await anyio.to_thread.run_sync(_write_package, server_name, tools, Path(root_dir))
+    try:
+        key = await anyio.to_thread.run_sync(_search_index.catalogue_key, registry.path.parent)
+    except OSError as exc:
+        raise ApiGenerationError(
+            f"Could not read or make the tool search's key in {registry.path.parent}: {exc}"
+        ) from exc
+    return await anyio.to_thread.run_sync(_write_package, server_name, tools, Path(root_dir), key)
 
 
 def kernel_writable_warning(server_name: str, server_params: dict[str, Any], folder: Path) -> str | None:
@@ -134,7 +140,7 @@ def kernel_writable_warning(server_name: str, server_params: dict[str, Any], fol
     return None
 
 
-def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> list[str]:
+def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path, key: bytes) -> list[str]:
     sources = render_sources(server_name, tools)
     root_dir = Path(os.path.normpath(root_dir.absolute()))
     target = root_dir / server_name
@@ -146,7 +152,7 @@ def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> l
         if module in sources
     ]
     search_entries = _search_index.catalogue(
-        root_dir.name, server_name, [tool for tool, _ in generated], [module for _, module in generated]
+        root_dir.name, server_name, [tool for tool, _ in generated], [module for _, module in generated], key
     )
 
     def fill(package: int) -> None:
@@ -160,7 +166,7 @@ def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path) -> l
         root_dir.parent.mkdir(parents=True, exist_ok=True)
         with _confined.Confined(root_dir.parent, label=repr(str(root_dir.parent))) as base:
             base.replace_folder((*root, server_name), fill)
-            _search_index.update_index(base, root, first=server_name)
+            _search_index.update_index(base, root, key, first=server_name)
     except (OSError, _confined.ConfinedPathError) as exc:
         raise ApiGenerationError(
             f"Could not write the package for MCP server {server_name!r} to {target}: {exc}"

@@ -1,30 +1,33 @@
 """Tool search over the generated ``mcptools/``: the query side (standard library only).
 
-`generate_mcp_sources` ranks documents of every generated tool (its server, name, title,
-description, parameter names and descriptions) with BM25 (the ``bm25s`` library, in the
-application) and writes the result to ``<root_dir>/_search_index.json``: for each word, the
-tools it occurs in and the BM25 score it adds for each. A query here is split into words the
-same way (`words`, one definition for both sides) and the tools' scores for those words are
-added up, which is how ``bm25s`` itself answers a query; the kernel needs neither ``bm25s`` nor
-``numpy`` for it.
+`generate_mcp_sources` describes every generated tool (its server, name, title, description,
+parameter names and descriptions) and writes ``<root_dir>/_search_index.json``: for each word,
+the tools it occurs in and the BM25 score it adds for each (ranked with ``bm25s`` in the
+application), and the vectors that rank by meaning (`ipybox.kernel._meaning`). A query is split
+into words the same way (`words`, one definition for both sides); the tools' BM25 scores for
+those words are added up, which is how ``bm25s`` itself answers a query, the query's meaning is
+compared with each tool's, and both rankings are fused. The kernel needs neither ``bm25s``,
+``numpy`` nor the model for it.
 
 The index sits beside the generated code, where kernel code may change it: it is a convenience
 for the agent, not something the application trusts. The application's own reads of it (the MCP
-server's ``search_tools``) go through its confined file module and treat it as untrusted data.
+server's ``search_tools``) go through its confined file module and treat it as untrusted data;
+every value is checked, and one that is not what ipybox writes is a `ToolSearchError`.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
+import math
 import os
-import re
-from collections.abc import Container, Mapping
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ipybox.errors import ToolSearchError
+from ipybox.kernel._meaning import STOPWORDS, WORD, Dense, fuse, meaning_words, weak
 
 __all__ = [
     "INDEX_FILE",
@@ -39,24 +42,11 @@ __all__ = [
 
 INDEX_FILE = "_search_index.json"
 """The index's file name in the root folder of the generated packages (``mcptools/``)."""
-INDEX_VERSION = 1
+INDEX_VERSION = 2
 MAX_QUERY_CHARS = 1000
 """The longest query accepted: a need described in a few sentences, not a document."""
 MAX_LIMIT = 50
 """The most matches one search returns."""
-
-# Words split at case changes and at anything that is not a letter or digit: `getFileInfo`,
-# `get_file_info` and "get file info" are the same three words.
-_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|[0-9]+")
-_STOPWORDS = frozenset(
-    "a about above after again all also an and any are as at be been before being below between both "
-    "but by can could did do does doing each either else etc for from further had has have having "
-    "here how however i if in into is it its itself just let may me might more most must my no nor "
-    "not of off on once one only or other our out over own per please same shall should so some such "
-    "than that the their them then there these they this those through to too under until up upon us "
-    "use used using via want was we were what when where whether which while who whom why will with "
-    "within without would you your".split()
-)
 
 
 def words(text: str) -> list[str]:
@@ -66,9 +56,9 @@ def words(text: str) -> list[str]:
     with plural and ``-ing``/``-ed`` endings removed (``listing files`` and ``list_file`` match).
     """
     found: list[str] = []
-    for raw in _WORD.findall(text):
+    for raw in WORD.findall(text):
         word = raw.lower()
-        if word not in _STOPWORDS:
+        if word not in STOPWORDS:
             found.append(_stem(word))
     return found
 
@@ -106,7 +96,8 @@ class ToolMatch:
         import_line: The line that imports the module (``from mcptools.github import create_issue``).
         signature: How it is called, with the fields of its ``Params``.
         description: The start of the tool's description.
-        score: The BM25 score (higher is better; comparable within one search only).
+        score: How well it fits, fused from the word and the meaning rankings (higher is
+            better; comparable within one search only).
     """
 
     server: str
@@ -170,33 +161,86 @@ def rank(
     """
     query, limit = check_query(query, limit)
     try:
-        if index.get("version") != INDEX_VERSION:
-            raise ValueError("unknown version")
-        tools: list[Any] = index["tools"]
-        postings: Mapping[str, Any] = index["postings"]
-        scores: dict[int, float] = {}
-        for word in words(query):
-            entry = postings.get(word)
-            if entry is None:
-                continue
-            for doc, score in zip(entry[0], entry[1], strict=True):
-                scores[doc] = scores.get(doc, 0.0) + float(score)
-        if present is not None:
-            scores = {doc: score for doc, score in scores.items() if tools[doc]["server"] in present}
-        best = heapq.nlargest(limit, scores.items(), key=lambda item: (item[1], -item[0]))
-        return [_match(tools[doc], score) for doc, score in best if score > 0]
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        prepared = _prepare(index)
+        allowed = [server in present for server in prepared.servers] if present is not None else None
+        lexical = prepared.lexical(words(query), allowed)
+        closeness = prepared.dense.closeness(meaning_words(query), allowed) if prepared.dense else {}
+        fused = fuse(lexical, closeness, prepared.deprecated)
+        best = heapq.nlargest(limit, fused.items(), key=lambda item: (item[1], -item[0]))
+        if not best or weak(lexical, closeness, best[0][0]):
+            return []
+        return [_match(prepared.tools[doc], score) for doc, score in best]
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise ToolSearchError(
             f"The tool search index is not one this ipybox wrote ({type(exc).__name__}): generate the "
             "sources of an MCP server again to rebuild it."
         ) from None
 
 
+class _Prepared:
+    """What a search needs of a parsed index, checked once: a value ipybox does not write raises.
+
+    The postings of a word are checked the first time a query uses the word.
+    """
+
+    def __init__(self, index: Mapping[str, Any]) -> None:
+        if index.get("version") != INDEX_VERSION:
+            raise ValueError("unknown version")
+        self.tools: list[Any] = index["tools"]
+        self.postings: Mapping[str, Any] = index["postings"]
+        if not isinstance(self.tools, list) or not isinstance(self.postings, Mapping):
+            raise ValueError("tools or postings of the wrong type")
+        self.servers = [tool["server"] for tool in self.tools]
+        if not all(isinstance(server, str) for server in self.servers):
+            raise TypeError("a tool entry is not made of strings")
+        self.deprecated = [tool.get("deprecated") is True for tool in self.tools]
+        section = index.get("dense")
+        if section is not None and not isinstance(section, Mapping):
+            raise ValueError("vectors that are not a mapping")
+        self.dense = Dense(section, len(self.tools)) if section is not None else None
+        self.checked: set[str] = set()
+
+    def lexical(self, query: list[str], allowed: Sequence[bool] | None) -> dict[int, float]:
+        """Each allowed tool's BM25 score for the query's words (only tools with a score)."""
+        scores: dict[int, float] = {}
+        count = len(self.tools)
+        for word in query:
+            entry = self.postings.get(word)
+            if entry is None:
+                continue
+            docs, values = entry
+            if word not in self.checked:
+                # bool is an int, a 400-digit int overflows a float, NaN or infinity would rank anywhere.
+                for doc, score in zip(docs, values, strict=True):
+                    if type(doc) is not int or not 0 <= doc < count or type(score) not in (int, float):
+                        raise ValueError("a posting that is not a tool and a score")
+                    if not math.isfinite(score):
+                        raise ValueError("a score that is not a finite number")
+                self.checked.add(word)
+            for doc, score in zip(docs, values, strict=True):
+                scores[doc] = scores.get(doc, 0.0) + score
+        if allowed is not None:
+            return {doc: score for doc, score in scores.items() if score > 0 and allowed[doc]}
+        return {doc: score for doc, score in scores.items() if score > 0}
+
+
+# The last index prepared: checking it and decoding its vectors costs more than a search.
+_prepared: list[tuple[Mapping[str, Any], _Prepared]] = []
+
+
+def _prepare(index: Mapping[str, Any]) -> _Prepared:
+    if _prepared and _prepared[0][0] is index:
+        return _prepared[0][1]
+    prepared = _Prepared(index)
+    _prepared[:] = [(index, prepared)]
+    return prepared
+
+
 def _match(tool: Mapping[str, Any], score: float) -> ToolMatch:
     values = {name: tool[name] for name in _FIELDS}
     if not all(isinstance(value, str) for value in values.values()):
         raise TypeError("a tool entry is not made of strings")
-    return ToolMatch(**values, score=round(score, 4))
+    return ToolMatch(**values, score=round(score, 6))
 
 
 _FIELDS = ("server", "tool", "module", "import_line", "signature", "description")
@@ -219,7 +263,8 @@ def search_tools(query: str, limit: int = 5, root: str | os.PathLike[str] = "mcp
         root: The folder of the generated packages (the working directory's ``mcptools``).
 
     Returns:
-        Up to `limit` matches, best first; ``[]`` when no tool shares a word with the query.
+        Up to `limit` matches, best first; ``[]`` when no tool fits: none shares a word with
+        the query and none comes close to it in meaning.
 
     Raises:
         ToolSearchError: The query or limit is invalid, or `root` has no index (no sources were

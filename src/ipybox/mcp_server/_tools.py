@@ -292,7 +292,13 @@ class ToolSession(_CellAnswers, SnapshotTools):
             return _error(str(exc))
         text = "\n".join(f"{rank}. {match}" for rank, match in enumerate(matches, 1))
         return types.CallToolResult(
-            content=[_text(text or f"No tool matches {query!r}; try other words.")],
+            content=[
+                _text(
+                    text
+                    or f"No tool matches {query!r}: none shares its words or comes close in meaning. Try "
+                    "other words, or register an MCP server that does it."
+                )
+            ],
             structured_content={"matches": [dataclasses.asdict(match) for match in matches]},
         )
 
