@@ -273,16 +273,20 @@ asyncio.run(generate_mcp_sources("work", json.loads(sys.argv[2]), sys.argv[1]))
 def test_generation_logs_no_debug_lines_of_the_ranking_library_at_the_default_level(tmp_path: Path) -> None:
     """The MCP server configures logging as here (WARNING by default); bm25s set its own logger to
     DEBUG on import, and register_mcp_server printed its progress."""
-    params = _params(tmp_path, "work", [ISSUES, FORECAST])
+    # The server's files lie outside the folder the kernel would work in, which would warn.
+    (tmp_path / "server").mkdir()
+    params = _params(tmp_path / "server", "work", [ISSUES, FORECAST])
+    (tmp_path / "workspace").mkdir()
+    root = tmp_path / "workspace" / "mcptools"
     child = subprocess.run(
-        [sys.executable, "-c", _GENERATE_LOGGED, str(tmp_path / "mcptools"), json.dumps(params)],
+        [sys.executable, "-c", _GENERATE_LOGGED, str(root), json.dumps(params)],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert child.returncode == 0, child.stderr
     assert child.stderr == ""
-    assert _found("weather forecast", tmp_path / "mcptools", limit=1) == ["work.get-forecast"]
+    assert _found("weather forecast", root, limit=1) == ["work.get-forecast"]
 
 
 REFUND = _tool("create_refund", "Create a refund for a charge.", charge=("string", "Charge ID"))
