@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Protocol
 
+import anyio
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
@@ -66,7 +67,7 @@ class Approve(Protocol):
 
     Return ``True`` to run the call, ``False`` to reject it (the call raises in the cell, which
     carries on or fails as its code decides). A callback may be ``async`` or plain; a plain one
-    runs on the event loop, so it should not block.
+    runs in a worker thread, so it may block (ask a person at a terminal).
     """
 
     def __call__(self, request: ApprovalRequest, /) -> bool | Awaitable[bool]: ...
@@ -78,7 +79,11 @@ async def decide(request: ApprovalRequest, approve: Approve | None) -> None:
         await request.accept()
         return
     try:
-        verdict = approve(request)
+        if inspect.iscoroutinefunction(approve) or inspect.iscoroutinefunction(type(approve).__call__):
+            verdict = approve(request)
+        else:
+            # A plain function may block (ask a person at a terminal): not on the event loop.
+            verdict = await anyio.to_thread.run_sync(approve, request)
         if inspect.isawaitable(verdict):
             verdict = await verdict
     except BaseException:
@@ -101,12 +106,14 @@ class CellOutcome:
         images: PNG files the cell displayed.
         error: The traceback (or timeout message) when the cell failed, else ``None``.
         ename: The exception's class name when it failed (``"TimeoutError"`` for a timeout).
+        evalue: The exception's message when it failed.
     """
 
     text: str
     images: list[Path] = field(default_factory=list)
     error: str | None = None
     ename: str | None = None
+    evalue: str | None = None
 
     def for_model(self) -> str:
         """The output and error as one text, ``(no output)`` when there is neither."""
@@ -130,12 +137,13 @@ async def run_cell(
                 else:
                     result = item
     except CodeExecutionError as exc:
-        return CellOutcome(output.text(), error=exc.traceback or str(exc), ename=exc.ename or "Error")
+        error = exc.traceback or str(exc)
+        return CellOutcome(output.text(), error=error, ename=exc.ename or "Error", evalue=exc.evalue)
     except TimeoutError:
         error = (
             f"TimeoutError: the cell ran longer than {timeout:g} s and was interrupted; the kernel keeps "
             "its state. Split the work into shorter cells or give a longer timeout."
         )
-        return CellOutcome(output.text(), error=error, ename="TimeoutError")
+        return CellOutcome(output.text(), error=error, ename="TimeoutError", evalue=error)
     assert result is not None  # a stream that ends without raising ends with its result
     return CellOutcome(output.text(), images=list(result.images))
