@@ -15,3 +15,7 @@ from __future__ import annotations
 from ipybox.integrations._common import Approve, FrameworkVersionError
 
 __all__ = ["Approve", "FrameworkVersionError"]
+
+# Shown under their public path (reprs, tracebacks, docs), as httpx and anyio do.
+for _name in __all__:
+    globals()[_name].__module__ = __name__
