@@ -39,7 +39,7 @@ def test_the_checked_range_is_the_extras_range(extra: str, module: object, distr
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     requirements = [Requirement(line) for line in project["optional-dependencies"][extra]]
     (framework,) = [req for req in requirements if req.name == distribution]
-    assert framework.specifier == SpecifierSet(getattr(module, "SUPPORTED"))
+    assert framework.specifier == SpecifierSet(module.SUPPORTED)
 
 
 @pytest.mark.parametrize(
