@@ -32,14 +32,17 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {FRAMEWORKS
 
 
 @pytest.mark.parametrize(
-    ("extra", "module", "distribution"),
-    [("pydantic-ai", pydantic_ai, "pydantic-ai-slim"), ("smolagents", smolagents, "smolagents")],
+    ("extra", "supported", "distribution"),
+    [
+        ("pydantic-ai", pydantic_ai.SUPPORTED, "pydantic-ai-slim"),
+        ("smolagents", smolagents.SUPPORTED, "smolagents"),
+    ],
 )
-def test_the_checked_range_is_the_extras_range(extra: str, module: object, distribution: str) -> None:
+def test_the_checked_range_is_the_extras_range(extra: str, supported: str, distribution: str) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     requirements = [Requirement(line) for line in project["optional-dependencies"][extra]]
     (framework,) = [req for req in requirements if req.name == distribution]
-    assert framework.specifier == SpecifierSet(module.SUPPORTED)
+    assert framework.specifier == SpecifierSet(supported)
 
 
 @pytest.mark.parametrize(
