@@ -7,6 +7,8 @@ the kernel through the tool server, and every call is put to the application's c
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any, ClassVar
@@ -212,3 +214,12 @@ def test_an_error_in_a_step_raises_with_the_output_before_it() -> None:
             executor("print('before')\n1/0")
         assert str(info.value).startswith("before\nExecuting code yielded an error:")
         assert "ZeroDivisionError" in str(info.value)
+
+
+def test_a_program_that_never_cleans_up_still_exits(tmp_path: Path) -> None:
+    code = "from ipybox.integrations.smolagents import IpyboxExecutor\nprint(IpyboxExecutor()('print(6 * 7)').logs)"
+    child = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=100
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "42"

@@ -11,14 +11,17 @@ value (sent as JSON: a value JSON cannot hold arrives as its ``str``).
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import contextlib
 import json
 import shutil
 import tempfile
-from collections.abc import Mapping
+import threading
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from ipybox.integrations._common import Approve, CellOutcome, check_version, run_cell
 
@@ -26,7 +29,6 @@ from ipybox.integrations._common import Approve, CellOutcome, check_version, run
 SUPPORTED = ">=1.24,<2"
 check_version("smolagents", SUPPORTED, "smolagents")
 
-from anyio.from_thread import BlockingPortal, start_blocking_portal  # noqa: E402
 from smolagents.local_python_executor import CodeOutput, PythonExecutor  # noqa: E402
 from smolagents.serialization import SafeSerializer  # noqa: E402
 
@@ -39,8 +41,17 @@ from ipybox.integrations._smolagents_kernel import FINAL_ANSWER, prelude, tool_d
 
 __all__ = ["SUPPORTED", "IpyboxExecutor"]
 
+_T = TypeVar("_T")
+
 # JSON schema types a smolagents input type maps to; others ("any", "image", "audio") take any value.
 _JSON_TYPES = frozenset({"string", "boolean", "integer", "number", "array", "object", "null"})
+
+
+async def _cancel_the_rest() -> None:
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 def _input_schema(inputs: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -133,13 +144,18 @@ class IpyboxExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ships 
                 "that is not started: IpyboxExecutor starts it on its own loop and stops it at cleanup()."
             )
         self.executor = executor
-        self._portal_context = start_blocking_portal()
-        self._portal: BlockingPortal | None = self._portal_context.__enter__()
+        # smolagents is synchronous: the executor runs on an event loop of its own, in a daemon
+        # thread (a worker thread would hold the interpreter at exit when cleanup() was forgotten;
+        # then the atexit hook stops it, and the gateway also ends with this process).
+        self._loop: asyncio.AbstractEventLoop | None = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="ipybox-smolagents", daemon=True)
+        self._thread.start()
         try:
-            self._portal.call(self._start)
+            self._on_loop(self._start())
         except BaseException:
-            self._close_portal()
+            self._close_loop()
             raise
+        atexit.register(self.cleanup)
 
     @property
     def tools_server_name(self) -> str:
@@ -163,20 +179,32 @@ class IpyboxExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ships 
         finally:
             await self._tools.stop()
 
-    def _close_portal(self) -> None:
-        self._portal = None
-        self._portal_context.__exit__(None, None, None)
+    def _on_loop(self, coroutine: Coroutine[Any, Any, _T]) -> _T:
+        if self._loop is None:
+            coroutine.close()
+            raise RuntimeError("The IpyboxExecutor was cleaned up; make a new one.")
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
+
+    def _close_loop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None:
+            # What the served tools' server left running (a session's watcher) ends with the loop.
+            asyncio.run_coroutine_threadsafe(_cancel_the_rest(), loop).result()
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join()
+            loop.close()
         if self._registry_dir is not None:
             shutil.rmtree(self._registry_dir, ignore_errors=True)
 
     def cleanup(self) -> None:
         """Stop the executor (kernel, tool server) and the served tools; calling it again does nothing."""
-        if self._portal is None:
+        if self._loop is None:
             return
+        atexit.unregister(self.cleanup)
         try:
-            self._portal.call(self._stop)
+            self._on_loop(self._stop())
         finally:
-            self._close_portal()
+            self._close_loop()
 
     def __enter__(self) -> IpyboxExecutor:
         return self
@@ -187,10 +215,8 @@ class IpyboxExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ships 
         self.cleanup()
 
     def _call(self, code: str) -> CellOutcome:
-        if self._portal is None:
-            raise RuntimeError("The IpyboxExecutor was cleaned up; make a new one.")
-        return self._portal.call(
-            run_cell, self.executor, code, self._approve, self._timeout, self._max_output_chars
+        return self._on_loop(
+            run_cell(self.executor, code, self._approve, self._timeout, self._max_output_chars)
         )
 
     async def _run(self, code: str) -> None:
