@@ -16,6 +16,9 @@ from smolagents import tool
 from ipybox.integrations.smolagents import IpyboxExecutor
 from tests.sandbox_support import require_sandbox
 
+# Each test starts an executor (a gateway and a kernel): over the 2 s a quick run allows.
+pytestmark = pytest.mark.slow
+
 RAN: list[str] = []
 
 
@@ -56,7 +59,7 @@ print(json.dumps(outcomes))
 """
 
 
-@pytest.mark.parametrize("sandbox", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sandbox", [False, True])
 def test_kernel_code_cannot_call_the_agents_tools_around_the_tool_server(
     workdir: Path, sandbox: bool
 ) -> None:

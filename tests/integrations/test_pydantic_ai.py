@@ -17,7 +17,8 @@ from ipybox.policy import Policy, Rule
 from tests.integrations.support import DEMO, FAILING, PLOT, RECOVERY, STATE, STATE_USED, TOOLS, only_allowed
 from tests.sandbox_support import require_sandbox
 
-pytestmark = pytest.mark.asyncio(loop_scope="module")
+# Each test starts an executor (a gateway and a kernel): over the 2 s a quick run allows.
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +57,7 @@ def text_of(part: ToolReturnPart) -> str:
     return str(content)
 
 
-@pytest.mark.parametrize("sandbox", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sandbox", [False, True])
 async def test_a_multi_step_task_keeps_state_decides_tool_calls_recovers_from_an_error_and_plots(
     mcptools: Path, sandbox: bool
 ) -> None:

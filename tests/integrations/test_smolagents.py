@@ -26,6 +26,9 @@ from ipybox.policy import Policy, Rule
 from tests.integrations.support import FAILING, PLOT, RECOVERY, STATE, STATE_USED
 from tests.sandbox_support import require_sandbox
 
+# Each test starts an executor (a gateway and a kernel): over the 2 s a quick run allows.
+pytestmark = pytest.mark.slow
+
 APPLICATION_THREADS: set[str] = set()
 
 
@@ -87,7 +90,7 @@ def observations(agent: CodeAgent) -> list[tuple[str | None, str | None]]:
     ]
 
 
-@pytest.mark.parametrize("sandbox", [False, pytest.param(True, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("sandbox", [False, True])
 def test_a_code_agent_keeps_state_decides_tool_calls_recovers_from_an_error_plots_and_answers(
     workdir: Path, sandbox: bool
 ) -> None:
