@@ -59,6 +59,9 @@ PUBLIC_MODULES: dict[str, list[str] | None] = {
     "ipybox.mcp_apigen": None,
     "ipybox.mcp_server": None,
     "ipybox.utils": ["arun"],
+    "ipybox.integrations": None,
+    "ipybox.integrations.pydantic_ai": ["IpyboxToolset"],
+    "ipybox.integrations.smolagents": ["IpyboxExecutor"],
 }
 
 logger = logging.getLogger(__name__)

@@ -130,6 +130,12 @@ def test_the_wheel_carries_the_metadata_users_look_for(built: Built) -> None:
     assert not any(
         "opentelemetry-sdk" in r and "extra" not in r for r in metadata.get_all("Requires-Dist") or []
     )
+    # So are the framework integrations: each framework comes only with its extra.
+    assert {"pydantic-ai", "smolagents"} <= set(metadata.get_all("Provides-Extra") or [])
+    for framework in ("pydantic-ai-slim", "smolagents"):
+        assert not any(
+            r.startswith(framework) and "extra" not in r for r in metadata.get_all("Requires-Dist") or []
+        )
 
 
 @pytest.mark.timeout(600)
