@@ -1,6 +1,7 @@
 """Run a command, then fail if anything it started is still running once it has ended.
 
-Usage: python scripts/no_leftovers.py COMMAND [ARGS...]   (``scripts/test.sh`` runs pytest so)
+Usage: python scripts/no_leftovers.py [--grace SECONDS] COMMAND [ARGS...]
+(``scripts/test.sh`` runs pytest so)
 
 On Linux this process becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process the
 command started whose parent ended (a kernel's srt bridge, a daemon that forked away) is adopted
@@ -8,8 +9,8 @@ here rather than by init, so it is still found at the end, however far from its 
 up. Elsewhere only the command's living descendants are found.
 
 What still runs when the command ends gets a grace period to finish on its own (clean-ups of a
-few seconds end then); whatever is left after it is named on stderr and killed, and the exit
-status is 1 (or the command's own, when that failed).
+few seconds end then; 30 s unless --grace says otherwise); whatever is left after it is named on
+stderr and killed, and the exit status is 1 (or the command's own, when that failed).
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def _describe(process: psutil.Process) -> str:
 
 
 def main(argv: list[str]) -> int:
+    grace = _GRACE
+    if argv[:1] == ["--grace"] and len(argv) > 1:
+        grace, argv = float(argv[1]), argv[2:]
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
@@ -67,13 +71,13 @@ def main(argv: list[str]) -> int:
             child.returncode = code
             break
     me = psutil.Process()
-    _, alive = psutil.wait_procs(_living(me.children(recursive=True)), timeout=_GRACE)
+    _, alive = psutil.wait_procs(_living(me.children(recursive=True)), timeout=grace)
     left = _living([*alive, *me.children(recursive=True)])
     left = list({process.pid: process for process in left}.values())
     if left:
         where = "" if adopting else " (its orphans cannot be followed on this system)"
         print(
-            f"\nFAILED: {len(left)} process(es) started by `{' '.join(argv)}` still ran {_GRACE:g} s after it "
+            f"\nFAILED: {len(left)} process(es) started by `{' '.join(argv)}` still ran {grace:g} s after it "
             f"ended{where}; each test must end what it starts. Killed now:",
             file=sys.stderr,
         )
