@@ -7,5 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/_uv.sh
 
+out="${1:-docs/_build/html}"
 uv run --frozen sphinx-build --quiet --builder html --fail-on-warning --keep-going --nitpicky \
-    --fresh-env "${2:-docs}" "${1:-docs/_build/html}"
+    --fresh-env "${2:-docs}" "$out"
+echo "API reference built: $(cd "$out" && pwd)/index.html"

@@ -47,3 +47,17 @@ def test_the_docs_build_fails_on_a_broken_reference_an_undocumented_or_a_missing
         for line in warnings
     ), result.stderr
     assert len(warnings) == 3, result.stderr
+
+
+def test_the_docs_build_says_where_the_html_went(tmp_path: Path) -> None:
+    result = subprocess.run(
+        ["bash", "scripts/docs.sh", str(tmp_path / "html")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    index = tmp_path / "html" / "index.html"
+    assert result.stdout.strip().endswith(f"{index.resolve()}"), result.stdout
+    assert index.is_file()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import shlex
 import socket
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import psutil
 import pytest
 
 from ipybox import CodeExecutionError, CodeExecutor
+from ipybox.app._sandbox import find_srt  # private: the real srt, for a wrapper around it
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.conftest import command_line
@@ -173,3 +176,55 @@ async def test_the_gateway_follows_no_link_planted_in_place_of_a_kernel_socket(p
         assert connections == 0, "the gateway connected to the host's socket through the planted links"
     finally:
         listener.close()
+
+
+async def test_a_process_of_a_sandboxed_kernels_group_outside_the_gateways_tree_ends_with_its_stop(
+    project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found after a test run: a sandboxed kernel's srt proxy bridge (``socat UNIX-LISTEN:...
+    claude-http-...sock,fork``) outlived its gateway. Stopping a gateway lists its tree, terminates
+    it, and kills what is still running 50 ms later; a spare kernel's srt that is setting its sandbox
+    up meanwhile handles the SIGTERM and starts its bridge after the listing, so the kill missed the
+    bridge (the gateway's own shutdown, which kills each kernel's process group, had no time to run).
+    Here srt runs through a wrapper that leaves one process in srt's process group outside the
+    gateway's tree (its parent has ended), where such a bridge is at the kill: it must end with the
+    gateway's stop, and so must every process of the kernel's (socat, bwrap)."""
+    srt = find_srt()
+    pid_file = tmp_path / "outside.pid"
+    wrapper = tmp_path / "srt"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'case "$*" in *ipykernel*) (sleep 100003 & echo $! >> {shlex.quote(str(pid_file))}) ;; esac\n'
+        f'exec {shlex.quote(srt)} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("IPYBOX_SRT", str(wrapper))
+    gateway = KernelGateway(port=None, sandbox=True, working_dir=project)
+    await gateway.start()
+    client = KernelClient(port=gateway.port)
+    outside: list[psutil.Process] = []
+    try:
+        await client.connect()
+        assert (await client.execute("print(1)")).text == "1"
+        assert gateway.pid is not None
+        tree = psutil.Process(gateway.pid).children(recursive=True)
+        kernel = [proc for proc in tree if any(word in command_line(proc) for word in ("socat", "bwrap"))]
+        assert kernel, "\n".join(command_line(proc)[:100] for proc in tree)
+        outside = [psutil.Process(int(pid)) for pid in pid_file.read_text().split()]
+        assert outside and all(
+            proc not in tree and os.getpgid(proc.pid) in {leader.pid for leader in tree} for proc in outside
+        )
+        # As an executor stops its gateway (KernelHost): a grace of 50 ms, then the kill. The gateway
+        # is paused first, as a loaded machine can hold it: its own shutdown, which kills each
+        # kernel's process group, does not get to run within the grace.
+        psutil.Process(gateway.pid).suspend()
+        await gateway.stop(timeout=0.05)
+        _, alive = await asyncio.to_thread(psutil.wait_procs, [*outside, *kernel], timeout=60)
+        assert alive == [], [command_line(proc)[:100] for proc in alive]
+    finally:
+        await gateway.stop()
+        with contextlib.suppress(Exception):  # broad: the gateway is gone; only the connection closes
+            await client.disconnect()
+        for proc in outside:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()

@@ -6,8 +6,10 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).parents[1]
@@ -162,3 +164,38 @@ def test_the_set_up_says_how_to_put_uv_on_path_when_it_is_not(tmp_path: Path) ->
     assert f'export PATH="{local_bin}:$PATH"' in notes[bare], notes[bare]
     assert notes[f"{local_bin}:{bare}"] == ""
     assert "uv_path_note" in (ROOT / "scripts" / "setup.sh").read_text()
+
+
+def test_the_test_commands_wrapper_names_and_ends_a_process_the_command_left_running() -> None:
+    # The shell's background job outlives it, its parent gone: an orphan, as a bridge left by a
+    # killed srt is. The grace is a bound only: the orphan would never end on its own.
+    orphan = "import time; time.sleep(100004)"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/no_leftovers.py",
+            "--grace",
+            "1",
+            "sh",
+            "-c",
+            f"{sys.executable} -c '{orphan}' &",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "FAILED: 1 process(es)" in result.stderr and "sleep(100004)" in result.stderr, result.stderr
+    assert not [
+        proc for proc in psutil.process_iter(["cmdline"]) if orphan in " ".join(proc.info["cmdline"] or [])
+    ]
+
+
+def test_the_test_commands_wrapper_passes_on_the_commands_own_status() -> None:
+    for command, status in ((["true"], 0), (["sh", "-c", "exit 3"], 3)):
+        result = subprocess.run(
+            [sys.executable, "scripts/no_leftovers.py", *command], cwd=ROOT, timeout=120, check=False
+        )
+        assert result.returncode == status

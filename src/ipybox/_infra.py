@@ -238,33 +238,46 @@ async def refuse_http(send: Send, status: int, message: str, *, jsonrpc: bool = 
 # --- process trees
 
 
-async def kill_tree(pid: int, grace: float = 0.0, *, group: bool = False) -> None:
+async def kill_tree(pid: int, grace: float = 0.0, *, group: bool = False, groups: bool = False) -> None:
     """Stop `pid` and every process it started: SIGTERM, up to `grace` seconds to end, then SIGKILL.
 
     With `group`, every process of the process group `pid` leads goes too, also those whose
-    parent has already ended. With ``grace=0`` all are killed at once, without waiting. A
-    process of ours that ends is not reaped here: the caller waits for it.
+    parent has already ended. With `groups`, so does every process group a descendant leads (a
+    kernel's: Jupyter starts each kernel in a session of its own), with what its processes start
+    after the tree was listed (srt's proxy bridges, started while it sets the sandbox up). With
+    ``grace=0`` all are killed at once, without waiting. A process of ours that ends is not reaped
+    here: the caller waits for it.
     """
     try:
         parent = psutil.Process(pid)
         procs = [parent, *parent.children(recursive=True)]
     except psutil.Error:
         procs = []
+    leaders = [pid] if group else []
+    if groups:
+        leaders += [proc.pid for proc in procs[1:] if _leads_group(proc.pid)]
     if grace > 0:
-        _signal(pid, procs, signal.SIGTERM, group)
+        _signal(leaders, procs, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline:
             procs = [proc for proc in procs if running(proc)]
-            if not procs and not (group and _group_exists(pid)):
+            if not procs and not any(_group_exists(leader) for leader in leaders):
                 return
             await asyncio.sleep(0.01)
-    _signal(pid, procs, signal.SIGKILL, group)
+    _signal(leaders, procs, signal.SIGKILL)
 
 
-def _signal(pid: int, procs: list[psutil.Process], signum: int, group: bool) -> None:
-    if group:
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except OSError:
+        return False
+
+
+def _signal(leaders: list[int], procs: list[psutil.Process], signum: int) -> None:
+    for leader in leaders:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signum)
+            os.killpg(leader, signum)
     for proc in procs:
         # psutil checks that the pid still names the same process (no pid reuse).
         with contextlib.suppress(psutil.Error):

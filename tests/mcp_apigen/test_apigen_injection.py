@@ -248,6 +248,9 @@ def test_the_canary_payload_really_creates_the_canary_when_executed() -> None:
 )
 @given(tools=tool_lists())
 @pytest.mark.slow
+# 80 examples of generating and importing modules: on a loaded 2-core machine they ran past the
+# default 120 s (the examples themselves have no deadline).
+@pytest.mark.timeout(600)
 def test_hostile_tools_generate_modules_that_parse_import_and_never_run_injected_text(
     tools: list[Tool],
 ) -> None:

@@ -28,7 +28,9 @@ pytestmark = [
 def inspector(*args: str, cwd: Path) -> dict[str, Any]:
     """Run one Inspector CLI command; its JSON answer."""
     result = subprocess.run(
-        ["npx", "-y", INSPECTOR, "--cli", *args],
+        # The stdio target starts an executor before it answers: on a loaded machine that took over
+        # the Inspector's default 15 s to connect.
+        ["npx", "-y", INSPECTOR, "--cli", "--connect-timeout", "120000", *args],
         capture_output=True,
         text=True,
         timeout=240,

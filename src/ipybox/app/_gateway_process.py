@@ -134,8 +134,10 @@ class GatewayProcess:
     async def terminate(self, timeout: float) -> None:
         """Terminate the process and all its descendants; kill what outlives `timeout`."""
         # Kernels are terminated together with the gateway rather than left to its own shutdown,
-        # which waits for each kernel in turn. The gateway is our child: asyncio reaps it.
-        await kill_tree(self.process.pid, timeout)
+        # which waits for each kernel in turn. The gateway is our child: asyncio reaps it. Each
+        # kernel's process group goes too: a sandboxed kernel's srt may start its proxy bridges after
+        # the tree was listed, and they would outlive a kill of the listed processes.
+        await kill_tree(self.process.pid, timeout, groups=True)
         await self.process.wait()
 
     async def close(self) -> None:
