@@ -18,15 +18,16 @@ uv run --frozen ruff format --check src tests benchmarks examples
 uv run --frozen ruff check src tests benchmarks examples
 uv run --frozen mypy
 bash scripts/docs.sh
-# Two workers (pytest-xdist), each test module on one of them: most of a test's time is a kernel
-# starting or answering, which the other worker's tests overlap. scripts/no_leftovers.py fails the
-# run, naming them, if the tests left a process running (it adopts orphans, so none escapes).
+# scripts/no_leftovers.py fails the run, naming them, if the tests left a process running (it
+# adopts orphans, so none escapes). The quick run uses two workers (pytest-xdist), each test module
+# on one of them; the full run keeps one at a time until every test has been shown to hold on two
+# workers under load (a race in the stdin channel's flood test showed there).
 if [ -n "$quick" ]; then
     uv run --frozen python scripts/no_leftovers.py \
         uv run --frozen pytest -m "not slow" -n 2 --dist loadfile "$@"
     exit
 fi
-uv run --frozen python scripts/no_leftovers.py uv run --frozen pytest -n 2 --dist loadfile "$@"
+uv run --frozen python scripts/no_leftovers.py uv run --frozen pytest "$@"
 # The short soak (about 2 minutes) runs with the full suite, not with a chosen subset.
 if [ "$#" -eq 0 ]; then
     uv run --frozen python benchmarks/soak.py --duration 120
