@@ -123,7 +123,7 @@ async def test_hostile_kernel_code_can_neither_change_the_policy_nor_forge_or_wi
         # Sandboxed, the kernel cannot even see the trail.
         assert seen["read"] is not True
         assert seen["listed"] == []
-    with pytest.raises(CodeExecutionError, match="refused by the application's policy"):
+    with pytest.raises(CodeExecutionError, match="refused by policy rule"):
         await executor.execute(
             "from mcptools.annot import delete_item\ndelete_item.run(delete_item.Params(key='y'))"
         )

@@ -96,7 +96,7 @@ async def test_allow_and_deny_by_tool_name_glob_reach_the_application_only_when_
     assert (asked, out) == ([], "read_item a")
     asked, out = await run(executor, call("delete_item", key="a"))
     assert asked == []
-    assert "refused by the application's policy (rule 2)" in out
+    assert "Tool call annot.delete_item was refused by policy rule 2." in out
     asked, out = await run(executor, call("put_item", key="a", value="b"))
     assert [request.tool_name for request in asked] == ["put_item"]
     assert out == "put_item a=b"
@@ -153,7 +153,7 @@ async def test_a_shell_allow_rule_does_not_pass_a_chained_or_substituted_command
     assert not exists("made_by_chain")
     asked, out = await run(executor, "!echo $(rm -rf nothing_here)")
     assert asked == []
-    assert "was rejected" in out
+    assert "The shell command was refused by policy rule 2, so it did not run." in out
     assert records(executor)[-1]["decided_by"] == "rule 2"
     asked, _ = await run(executor, "!echo `id`", decide="reject")
     assert len(asked) == 1
@@ -193,3 +193,15 @@ async def test_a_request_left_when_the_stream_ends_is_recorded_as_abandoned(exec
     await stream.aclose()
     last = records(executor)[-1]
     assert (last["tool"], last["decision"], last["decided_by"]) == ("put_item", "denied", "abandoned")
+
+
+async def test_a_script_cells_program_arguments_are_shown_and_read_by_the_rules(
+    executor: CodeExecutor,
+) -> None:
+    # `%%script bash -c '...'` runs the -c, not the cell: the rules must not read only the cell.
+    executor.policy = Policy((Rule("allow", program=["ls"]),), default="ask")
+    asked, _ = await run(executor, "%%script bash -c 'touch made_by_script_args'\nls\n", decide="reject")
+    assert [request.tool_args.get("args") for request in asked] == [["-c", "touch made_by_script_args"]]
+    assert not exists("made_by_script_args")
+    asked, out = await run(executor, "%%bash\nls /nonexistent-folder 2>/dev/null || ls -d /\n")
+    assert (asked, out) == ([], "/")

@@ -115,7 +115,13 @@ def test_a_shell_cell_is_read_as_a_script_for_shells_and_as_its_program_otherwis
         policy.decide_shell("shell_magic", {"magic": "bash", "cmd": "ls", "args": ["-c", "rm"]}).decision
         == "ask"
     )
-    assert policy.decide_shell("shell_magic", {"magic": "python3", "cmd": "import os"}).decision == "allow"
+    # python3 runs the cell's code: allowed by name alone, it is still asked about.
+    assert policy.decide_shell("shell_magic", {"magic": "python3", "cmd": "import os"}).decision == "ask"
+    named = Policy((Rule("allow", program=["python3 *"]),))
+    assert named.decide_shell("shell_magic", {"magic": "python3", "cmd": "import os"}).decision == "allow"
+    # A script program given by a path is never the allowed one.
+    assert named.decide_shell("shell_magic", {"magic": "./python3", "cmd": "import os"}).decision == "ask"
+    assert policy.decide_shell("shell_magic", {"magic": "./bash", "cmd": "ls\n"}).decision == "ask"
 
 
 def test_a_rule_without_programs_still_applies_to_a_line_that_cannot_be_read() -> None:
@@ -179,9 +185,9 @@ def test_a_policy_file_gives_the_same_policy_as_the_objects(tmp_path: Path) -> N
     [
         (('tool = "delete_*"', 'tol = "delete_*"'), 6, "rule.0.tol"),
         (('decision = "deny"', 'decision = "deny-all"'), 5, "rule.0.decision"),
-        (("readOnlyHint = true", "readOnly = true"), 8, "Unknown annotation 'readOnly'"),
+        (("readOnlyHint = true", "readOnly = true"), 10, "Unknown annotation 'readOnly'"),
         (("readOnlyHint = true", 'readOnlyHint = "true"'), 10, "rule.1.annotations"),
-        (('program = ["ls", "cat"]', 'program = ["ls", "c[at"]'), 12, "unclosed"),
+        (('program = ["ls", "cat"]', 'program = ["ls", "c[at"]'), 14, "unclosed"),
         (('default = "ask"', 'defualt = "ask"'), 1, "defualt"),
         (('trusted_servers = ["files"]', 'trusted_servers = "files"'), 2, "trusted_servers"),
         (

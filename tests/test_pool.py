@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -377,3 +378,58 @@ async def test_approved_shell_commands_of_a_pooled_kernel_run_in_its_own_folder(
                     texts.append(item.text)
             assert texts == [str(folder)]
             assert (folder / "made.txt").exists()
+
+
+@pytest.mark.parametrize("own_folders", [False, True], ids=["pool-folder", "own-folders"])
+async def test_an_approved_command_of_one_session_cannot_plant_for_another_sessions_commands(
+    tmp_path: Path, own_folders: bool
+) -> None:
+    # Session A's approved command writes an IPython startup file where its IPYTHONDIR points;
+    # session B's approved `python -m IPython` must not run it (the runner's folders were shared).
+    require_sandbox()
+    from ipybox import ApprovalRequest
+
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    names = iter(range(1000))
+
+    def new_folder() -> Path:
+        folder = sessions / f"s{next(names)}"
+        folder.mkdir()
+        return folder
+
+    async def accepted(executor: CodeExecutor, code: str) -> str:
+        text = ""
+        async for item in executor.stream(code, timeout=120):
+            if isinstance(item, ApprovalRequest):
+                await item.accept()
+            else:
+                text = getattr(item, "text", None) or text
+        return text
+
+    options: dict[str, Any] = {"sandbox": True, "approve_shell_cmds": True, "sandbox_hidden": (sessions,)}
+    folders = new_folder if own_folders else None
+    async with KernelPool(size=1, working_dir=tmp_path, new_folder=folders, **options) as pool:
+        a_dir, b_dir = (pool.claim(), pool.claim()) if own_folders else (tmp_path, tmp_path)
+        async with (
+            CodeExecutor(pool=pool, working_dir=a_dir, **options) as a,
+            CodeExecutor(pool=pool, working_dir=b_dir, **options) as b,
+        ):
+            marker = b_dir / "planted-startup-ran"
+            plant = (
+                "%%bash\n"
+                'mkdir -p "$IPYTHONDIR/profile_default/startup"\n'
+                f"echo \"open('{marker}', 'w').close()\" > \"$IPYTHONDIR/profile_default/startup/00.py\"\n"
+                'echo "$IPYTHONDIR $TMPDIR $XDG_CACHE_HOME"\n'
+            )
+            a_folders = (await accepted(a, plant)).split()
+            out = await accepted(b, "%%bash\npython -m IPython -c 'print(41 + 1)'\necho \"$IPYTHONDIR\"\n")
+            assert "42" in out
+            # Nor can a command write to the folder that all commands shared before, found from its own.
+            probe = '%%bash\ntouch "$(dirname "$(dirname "$TMPDIR")")/tmp/probe" 2>/dev/null && echo wrote || echo refused\n'
+            assert (await accepted(b, probe)).strip() == "refused"
+            assert not marker.exists()
+            # Not even A's own next command sees what its last one left.
+            again = await accepted(a, '%%bash\nls "$IPYTHONDIR/profile_default/startup" || echo gone\n')
+            assert "gone" in again
+            assert a_folders[0] not in out

@@ -62,7 +62,10 @@ async def test_the_servers_policy_file_decides_inner_calls_and_ipybox_audit_show
             client, "from mcptools.annot import delete_item\ndelete_item.run(delete_item.Params(key='a'))"
         )
         assert deleted.is_error
-        assert "refused by the application's policy (rule 1)" in text_of(deleted)
+        # Who refused it, and where that rule is written (policy.toml's first [[rule]] is on line 4).
+        assert f"Tool call annot.delete_item was refused by policy rule 1 ({policy.name}:4)." in text_of(
+            deleted
+        )
     records = _audit("--server", "annot")
     assert [(r["tool"], r["decision"], r["decided_by"], r["outcome"]) for r in records] == [
         ("read_item", "allowed", "rule 2", "ok"),

@@ -133,10 +133,11 @@ class Ticket:
         by = verdict.by if verdict.by in {"default", "session"} or verdict.by.startswith("rule") else "policy"
         if verdict.decision == "deny":
             self._write("denied", f"{by} ({verdict.by})" if by == "policy" else by, "rejected")
+            where = f" ({verdict.origin})" if verdict.origin else ""
             raise GateDenied(
-                f"it was refused by the application's policy ({verdict.by})"
+                f"was refused by policy {verdict.by}{where}"
                 if verdict.by != "default"
-                else "it was refused by the application's policy (its default)"
+                else "was refused by the policy's default decision"
             )
         if verdict.decision == "ask":
             if ask is None:
@@ -151,7 +152,7 @@ class Ticket:
                     raise
                 if not answer.accepted:  # pragma: no cover - ask raises on a rejection
                     self._write("denied", "abandoned" if answer.abandoned else "application", "rejected")
-                    raise GateDenied("it was rejected by the application")
+                    raise GateDenied("was rejected by the application")
                 by = "application"
                 if answer.remember:
                     self.gate.remember(self.server, self.tool, self.tool_args)
@@ -207,7 +208,7 @@ class Ticket:
             )
         except (sqlite3.Error, OSError) as exc:
             raise GateDenied(
-                f"its audit record could not be written to {audit.path} ({exc}), and no call runs without one",
+                f"was refused: its audit record could not be written to {audit.path} ({exc}), and no call runs without one",
                 503,
                 "failed",
             ) from exc

@@ -13,9 +13,11 @@ tool's MCP annotations (``readOnlyHint``, ``destructiveHint``, ``idempotentHint`
 are read only for the servers the policy names in ``trusted_servers``; for any other server a
 rule sees the MCP defaults of a tool that says nothing (not read-only, destructive, not
 idempotent, open world), so an untrusted server cannot talk its way into an ``allow``. A shell
-command is split into its commands (pipelines, ``;``, ``&&``, ``||``, subshells, ``$(...)``)
-and each program is decided on its own; the strictest decision wins, and a command line that
-cannot be read safely is asked about at least.
+command is split into its commands and each is decided on its own; the strictest decision wins.
+``allow`` holds only for what the positive reader proves (`ipybox.app._shellproof`: plain words,
+no expansion, assignment or path) and, for a program that runs others, only when the rule names
+its arguments; anything else is asked about at least. ``deny`` rules also see what the best-effort
+reader finds (`ipybox.app._shellparse`: pipelines, subshells, ``$(...)``).
 
 Policies also come as a TOML file (`load_policy`), checked against a strict schema: an unknown
 key, decision or annotation, or a bad glob, is an error that names the line.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import shlex
 import tomllib
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +38,7 @@ from mcp.types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictStr, ValidationError
 
 from ipybox.app._shellparse import programs as shell_programs
+from ipybox.app._shellproof import ProvenCommand, proven_commands, runs_others
 from ipybox.errors import PolicyError
 
 __all__ = ["ANNOTATIONS", "SHELL_SERVER", "Decision", "Policy", "Rule", "Verdict", "load_policy"]
@@ -81,7 +85,7 @@ class Rule:
 
             Rule("allow", server="github", tool="get_*")
             Rule("deny", annotations={"destructiveHint": True})
-            Rule("allow", program=["ls", "cat", "git"])  # shell commands
+            Rule("allow", program=["ls", "cat", "git status"])  # shell commands
 
     Args:
         decision: ``"allow"``, ``"ask"`` or ``"deny"``.
@@ -90,9 +94,13 @@ class Rule:
         annotations: MCP annotation hints the tool must have (``{"readOnlyHint": True}``), read
             only for servers in the policy's ``trusted_servers``.
         program: Globs of programs (shell commands only); a rule with programs matches only
-            shell commands. A glob with ``/`` matches the program as written; one without matches
+            shell commands. A glob with a space matches the program and its arguments
+            (``"git status"``, ``"git log *"``; a final ``" *"`` also matches none): only such a
+            glob allows a program that runs others (`ipybox.app._shellproof.runs_others`). A glob with ``/`` matches the program as written; one without matches
             a program written without a folder, and for ``ask`` and ``deny`` also one written with
             a folder (``deny rm`` stops ``/bin/rm``; ``allow ls`` does not let ``./ls`` through).
+        origin: Where the rule was written (``policy.toml:12``), shown when it refuses a call;
+            `load_policy` sets it.
 
     Raises:
         PolicyError: An unknown decision or annotation, a bad glob, or programs on a rule that
@@ -104,6 +112,7 @@ class Rule:
     tool: str = "*"
     annotations: Mapping[str, bool] = field(default_factory=dict)
     program: str | Sequence[str] | None = None
+    origin: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.decision not in _DECISIONS:
@@ -145,17 +154,29 @@ class Rule:
             return all(hints[name] == value for name, value in self.annotations.items())
         return True
 
-    def _matches_program(self, program: str) -> bool:
+    def _matches_program(self, program: str, words: tuple[str, ...] | None) -> bool | None:
+        """Whether this rule matches `program` (``None``: no); ``True`` when a pattern with
+        arguments (``"git status"``) matched `words`, the command's words."""
         if self.program is None:
-            return True
+            return False
         base = program.rsplit("/", 1)[-1]
         for pattern in (self.program,) if isinstance(self.program, str) else self.program:
-            if "/" in pattern or "/" not in program:
+            if " " in pattern:
+                # Program and arguments, matched against the words joined by single spaces; a
+                # word holding white space could pose as two, so it matches no such pattern.
+                # A pattern ending in " *" also matches the command without arguments.
+                if words is not None and not any(c.isspace() for w in words for c in w):
+                    joined = " ".join(words)
+                    if fnmatch.fnmatchcase(joined, pattern) or (
+                        pattern.endswith(" *") and joined == pattern[:-2]
+                    ):
+                        return True
+            elif "/" in pattern or "/" not in program:
                 if fnmatch.fnmatchcase(program, pattern):
-                    return True
+                    return False
             elif self.decision != "allow" and fnmatch.fnmatchcase(base, pattern):
-                return True
-        return False
+                return False
+        return None
 
 
 @dataclass(frozen=True)
@@ -164,6 +185,7 @@ class Verdict:
 
     decision: Decision
     by: str
+    origin: str | None = None
 
 
 @dataclass(frozen=True)
@@ -223,7 +245,7 @@ class Policy:
                 hints["destructiveHint"] = False
         for index, rule in enumerate(self.rules, 1):
             if rule.program is None and rule._matches(server, tool, hints):
-                return Verdict(rule.decision, f"rule {index}")
+                return Verdict(rule.decision, f"rule {index}", rule.origin)
         return Verdict(self.default, "default")
 
     def decide_shell(
@@ -231,37 +253,56 @@ class Policy:
     ) -> Verdict:
         """The decision for a shell command (`tool` ``shell`` or ``shell_magic``, as approval shows it).
 
-        Each program is decided on its own and the strictest decision wins; a program the
-        application allowed for the session turns its ``ask`` into ``allow``.
+        Each command is decided on its own and the strictest decision wins. ``allow`` holds only
+        for a line the positive reader proves (`ipybox.app._shellproof`), and for a program that
+        runs others only when the rule names its arguments; else it becomes ``ask``. A program the
+        application allowed for the session turns its ``ask`` into ``allow`` (proven lines only).
         """
-        programs = command_programs(tool, tool_args)
-        if programs is None:
-            # Unreadable: rules without programs still apply, but nothing better than "ask".
-            verdict = self._first(tool, None)
-            if verdict.decision == "allow":
-                return Verdict("ask", "unreadable command")
-            return verdict
-        if not programs:
-            return Verdict("ask", "no program")
+        line = read_shell(tool, tool_args)
+        if line.proven is None:
+            if line.seen is None:
+                # Unreadable: rules without programs still apply, but nothing better than "ask".
+                return _at_most_ask(self._first(tool, None, None)[0], "unreadable command")
+            return _strictest(
+                _at_most_ask(self._first(tool, program, None)[0], "command outside what a rule can prove")
+                for program in line.seen
+            )
         allowed = set(session_programs)
-        worst: Verdict | None = None
-        for program in programs:
-            verdict = self._first(tool, program)
-            if verdict.decision == "ask" and program in allowed:
+        verdicts: list[Verdict] = []
+        for command in line.proven:
+            verdict, named_args = self._first(tool, command.program, command.words)
+            if verdict.decision == "allow" and not named_args and runs_others(command.words):
+                verdict = Verdict("ask", f"{command.program} runs other programs")
+            elif verdict.decision == "ask" and command.program in allowed and not runs_others(command.words):
                 verdict = Verdict("allow", "session")
-            if worst is None or _STRICTNESS[verdict.decision] > _STRICTNESS[worst.decision]:
-                worst = verdict
-        assert worst is not None
-        return worst
+            verdicts.append(verdict)
+        # Deny rules also see what the best-effort reader sees.
+        verdicts.extend(v for p in line.seen or () if (v := self._first(tool, p, None)[0]).decision == "deny")
+        return _strictest(verdicts)
 
-    def _first(self, tool: str, program: str | None) -> Verdict:
+    def _first(self, tool: str, program: str | None, words: tuple[str, ...] | None) -> tuple[Verdict, bool]:
+        """The first matching rule's verdict, and whether that rule named the command's arguments."""
         for index, rule in enumerate(self.rules, 1):
             if not rule._matches(SHELL_SERVER, tool, ANNOTATIONS if rule.annotations else None):
                 continue
-            if rule.program is not None and (program is None or not rule._matches_program(program)):
-                continue
-            return Verdict(rule.decision, f"rule {index}")
-        return Verdict(self.default, "default")
+            if rule.program is None:
+                return Verdict(rule.decision, f"rule {index}", rule.origin), False
+            matched = rule._matches_program(program, words) if program is not None else None
+            if matched is not None:
+                return Verdict(rule.decision, f"rule {index}", rule.origin), matched
+        return Verdict(self.default, "default"), False
+
+
+def _at_most_ask(verdict: Verdict, why: str) -> Verdict:
+    return Verdict("ask", why) if verdict.decision == "allow" else verdict
+
+
+def _strictest(verdicts: Iterable[Verdict]) -> Verdict:
+    worst: Verdict | None = None
+    for verdict in verdicts:
+        if worst is None or _STRICTNESS[verdict.decision] > _STRICTNESS[worst.decision]:
+            worst = verdict
+    return worst if worst is not None else Verdict("ask", "no program")
 
 
 def is_shell(server: str, tool: str) -> bool:
@@ -269,21 +310,49 @@ def is_shell(server: str, tool: str) -> bool:
     return server == SHELL_SERVER and tool in _SHELL_TOOLS
 
 
-def command_programs(tool: str, tool_args: Mapping[str, Any]) -> list[str] | None:
-    """The programs of a shell request (``{"cmd"}``, or ``{"magic", "cmd", "args"?}``); ``None``: unreadable."""
+@dataclass(frozen=True)
+class ShellLine:
+    """A shell request as the rules read it.
+
+    Attributes:
+        proven: Its simple commands, when the positive reader proves them (``None``: it cannot).
+        seen: The programs the best-effort reader finds, for ``deny`` and ``ask`` rules
+            (``None``: it cannot read them either).
+    """
+
+    proven: list[ProvenCommand] | None
+    seen: list[str] | None
+
+
+def read_shell(tool: str, tool_args: Mapping[str, Any]) -> ShellLine:
+    """Read a shell request (``{"cmd"}``, or ``{"magic", "cmd", "args"?}``)."""
     cmd = tool_args.get("cmd")
     if not isinstance(cmd, str):
-        return None
+        return ShellLine(None, None)
     if tool == "shell":
-        return shell_programs(cmd)
-    magic = tool_args.get("magic")
-    if not isinstance(magic, str) or not magic:
-        return None
+        return ShellLine(proven_commands(cmd), shell_programs(cmd))
+    magic, args = tool_args.get("magic"), tool_args.get("args") or []
+    if not isinstance(magic, str) or not magic or not isinstance(args, list):
+        return ShellLine(None, None)
     if magic.rsplit("/", 1)[-1] in _SHELLS:
         # The cell is a script for a shell: its programs are what runs. Options could make it run
         # something else (-c), so a shell with arguments is unreadable.
-        return None if tool_args.get("args") else shell_programs(cmd)
-    return [magic]
+        if args:
+            return ShellLine(None, None)
+        return ShellLine(proven_commands(cmd) if "/" not in magic else None, shell_programs(cmd))
+    # Another program reads the cell: it is the one command, given by name (never by path).
+    words = [magic, *(str(arg) for arg in args)]
+    proven = proven_commands(shlex.join(words)) if "/" not in magic else None
+    return ShellLine(proven, [magic])
+
+
+def command_programs(tool: str, tool_args: Mapping[str, Any]) -> list[str] | None:
+    """The programs that accepting this request for the session may allow later: those of a proven
+    line, none of which runs other programs; ``None`` when there are none such."""
+    proven = read_shell(tool, tool_args).proven
+    if not proven or any(runs_others(command.words) for command in proven):
+        return None
+    return [command.program for command in proven]
 
 
 def _snake(name: str) -> str:
@@ -364,11 +433,24 @@ def load_policy(path: Path | str) -> Policy:
                     program=tuple([rule.program] if isinstance(rule.program, str) else rule.program)
                     if rule.program is not None
                     else None,
+                    origin=f"{path.name}:{lines.find(('rule', index))}",
                 )
             )
         except PolicyError as exc:
-            raise PolicyError(f"{path}, line {lines.find(('rule', index))}: {exc}") from None
+            raise PolicyError(
+                f"{path}, line {lines.find(('rule', index, _failing_key(rule)))}: {exc}"
+            ) from None
     return Policy(tuple(rules), model.default, frozenset(model.trusted_servers))
+
+
+def _failing_key(rule: _RuleModel) -> str:
+    """The key of a rule table whose value `Rule` refuses (for the line an error names)."""
+    for key in ("server", "tool", "annotations", "program"):
+        try:
+            Rule(rule.decision, **{key: getattr(rule, key)})
+        except PolicyError:
+            return key
+    return "program"  # the programs with a server or tool that excludes shell commands
 
 
 class _Lines:

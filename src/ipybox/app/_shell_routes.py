@@ -26,7 +26,14 @@ from ipybox._wire import (
     asks_about_shell,
 )
 from ipybox.app._gate import GateDenied, Ticket
-from ipybox.app._shell import KernelConfinement, ShellRunner, _run_while_connected, _shell_call, _ShellRequest
+from ipybox.app._shell import (
+    KernelConfinement,
+    ShellProgramError,
+    ShellRunner,
+    _run_while_connected,
+    _shell_call,
+    _ShellRequest,
+)
 from ipybox.app._tool_calls import _RunRequest, _ToolCallError, _ToolCalls
 from ipybox.app._tool_http import (
     _UNAUTHORIZED,
@@ -130,6 +137,10 @@ class _ShellRoutes(_ToolCalls):
         if body.kind == ShellFields.SHELL_MAGIC and not body.argv:
             return _error_response(400, "failed", "A shell_magic request needs argv, the program to run.")
         tool_args, argv = _shell_call(body)
+        try:
+            runner.resolve(argv, body.cmd.encode() if body.kind == ShellFields.SHELL_MAGIC else None)
+        except ShellProgramError as exc:  # refused before anyone is asked
+            return _error_response(400, "failed", str(exc))
         approval = _RunRequest(server_name=SHELL_SERVER_NAME, tool_name=body.kind, tool_args=tool_args)
         try:
             ticket = await self._approve_shell(approval, f"ipybox.{body.kind}")
@@ -153,7 +164,7 @@ class _ShellRoutes(_ToolCalls):
         try:
             await ticket.admit(annotations=None, ask=lambda: self._approve(approval, call))
         except GateDenied as exc:
-            message = f"{call} was refused: {exc.reason}."
+            message = f"{call} {exc.reason}."
             ticket.finish(exc.status, _error(exc.status, exc.kind, message)[1])
             raise _ToolCallError(exc.status, exc.kind, message) from None
         except _ToolCallError as exc:
@@ -169,6 +180,8 @@ class _ShellRoutes(_ToolCalls):
             return Response(status_code=400)  # the client left; nobody reads this
         try:
             result = running.result()
+        except ShellProgramError as exc:
+            return _error_response(400, "failed", str(exc))
         except OSError as exc:
             return _error_response(502, "failed", f"The shell command could not be started: {exc}")
         return Response(

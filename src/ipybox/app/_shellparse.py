@@ -1,4 +1,7 @@
-"""The programs a shell command line runs, for policy rules (application side only).
+"""The programs a shell command line runs, as far as can be seen, for deny rules (application side only).
+
+This reader proves nothing: it finds programs for ``deny`` and ``ask`` rules, and a rule's
+``allow`` holds only for lines the positive reader in `ipybox.app._shellproof` accepts.
 
 `programs` splits a command line the way a POSIX shell would at its control operators
 (``|``, ``||``, ``&&``, ``;``, ``&``, newlines, ``(`` ``)`` subshells, ``{`` ``}`` groups) and
@@ -162,7 +165,9 @@ def _double_quoted(text: str, pos: int, word: _Word, found: list[str]) -> int:
         char = text[pos]
         if char == '"':
             return pos + 1
-        if char == "\\" and text[pos + 1] in '"\\$`\n':
+        if char == "\\" and text[pos + 1] == "\n":
+            pos += 2  # a line continuation, inside double quotes too: "r\<newline>m" is rm
+        elif char == "\\" and text[pos + 1] in '"\\$`':
             word.text.append(text[pos + 1])
             pos += 2
         elif char == "`":
@@ -187,7 +192,8 @@ def _dollar(text: str, pos: int, word: _Word, found: list[str]) -> int:
     if following == "{":
         close = text.index("}", pos + 2)
         inner = text[pos + 2 : close]
-        if any(mark in inner for mark in "$`("):
+        # A quoted or escaped "}" does not close it: read no further than what is certain.
+        if any(mark in inner for mark in "$`(\\'\"{"):
             raise _Unsure("a substitution inside a parameter expansion")
         return close + 1
     if following.isalnum() or following == "_":
@@ -232,4 +238,5 @@ def _command(words: list[_Word], found: list[str]) -> None:
 
 def _is_assignment(text: str) -> bool:
     name, equals, _ = text.partition("=")
+    name = name.removesuffix("+")  # a+=b appends
     return bool(equals) and name.isidentifier() and name.isascii()

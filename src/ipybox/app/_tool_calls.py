@@ -140,9 +140,7 @@ class _ToolCalls(_RequestBodies):
                 secrets=session.params.secrets,
             )
         except GateDenied as exc:
-            raise _ToolCallError(
-                exc.status, exc.kind, f"Tool call {call} was refused: {exc.reason}."
-            ) from None
+            raise _ToolCallError(exc.status, exc.kind, f"Tool call {call} {exc.reason}.") from None
         # ---- end of the policy and audit hook ----
 
     async def _call(self, body: _RunRequest, charge: _Charge, ticket: Ticket | None) -> tuple[int, bytes]:

@@ -24,7 +24,7 @@ def _escape(text: str) -> str:
     return text.replace("{", "{{").replace("}", "}}").replace("$", "$$")
 
 
-def _ask(tool_name: str, tool_args: dict[str, str]) -> None:
+def _ask(tool_name: str, tool_args: dict[str, Any]) -> None:
     __tracebackhide__ = True
     from ipybox.errors import ToolRunnerError
     from ipybox.kernel._tool_client import request_approval
@@ -40,7 +40,10 @@ def _not_run(exc: Any, what: str, tool_name: str) -> Exception:
     """The error for a shell command that did not run, from the tool server's `exc`."""
     from ipybox.errors import ToolRunnerError
 
-    if exc.kind == "rejected":
+    _, refused, by = str(exc).partition(" was refused by ")
+    if exc.kind == "rejected" and refused and by.startswith(("policy ", "the policy's ")):
+        message = f"The {what} was refused by {by.rstrip('.')}, so it did not run."
+    elif exc.kind == "rejected":
         message = f"The {what} was rejected by the application, so it did not run."
     elif exc.kind == "expired":
         message = f"The {what} expired: the application made no approval decision in time, so it did not run."
@@ -50,6 +53,8 @@ def _not_run(exc: Any, what: str, tool_name: str) -> Exception:
 
 
 def _approve_shell_commands(ip: Any) -> None:
+    from IPython.utils._process_common import arg_split
+
     system, getoutput = ip.system, ip.getoutput
 
     def approved_system(cmd: str) -> None:
@@ -74,7 +79,12 @@ def _approve_shell_commands(ip: Any) -> None:
     @functools.wraps(shebang)  # it parses its arguments with the parser attached to self.shebang
     def approved_shebang(line: str, cell: str) -> Any:
         __tracebackhide__ = True
-        _ask(ShellFields.SHELL_MAGIC, {"magic": line.split(maxsplit=1)[0] if line else "script", "cmd": cell})
+        # The program and every argument it gets (`%%script bash -c '...'` runs the -c, not the cell).
+        argv = shebang.parser.parse_known_args(arg_split(line, posix=True))[1] or ["script"]
+        tool_args: dict[str, Any] = {"magic": argv[0], "cmd": cell}
+        if argv[1:]:
+            tool_args["args"] = argv[1:]
+        _ask(ShellFields.SHELL_MAGIC, tool_args)
         return shebang(line, cell)
 
     # %%bash, %%sh and the other named script magics call self.shebang; %%script is registered
