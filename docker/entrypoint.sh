@@ -24,10 +24,22 @@ if [ -n "$sandbox" ]; then
             "--security-opt systempaths=unconfined (before the image name), or leave out --sandbox." >&2
         exit 1
     fi
-    # A sandbox-config.json in the workspace is used when no --sandbox-config is given.
+    # Custom settings come from a file mounted read-only at /app/config/sandbox-config.json (or an
+    # explicit --sandbox-config outside the workspace), never from the workspace, which the kernel
+    # (or an earlier run without --sandbox) can write.
     case " $* " in
         *" --sandbox-config"*) ;;
-        *) [ -s "$workspace/sandbox-config.json" ] && set -- "$@" --sandbox-config "$workspace/sandbox-config.json" ;;
+        *) [ -s /app/config/sandbox-config.json ] && set -- "$@" --sandbox-config /app/config/sandbox-config.json ;;
     esac
+    if [ -s "$workspace/sandbox-config.json" ]; then
+        echo "ipybox: ignoring the workspace's sandbox-config.json (settings are never read from the" \
+            "workspace); mount it read-only at /app/config/sandbox-config.json instead." >&2
+    fi
+fi
+if [ -z "$sandbox" ]; then
+    # Without the sandbox the kernel can write everything the container user can: the workspace's
+    # .git, editor and agent settings must come in read-only (the check names each one that does
+    # not, with the option to add). -I: nothing is imported from the workspace.
+    (cd / && /app/.venv/bin/python -I -m ipybox.app._sandbox._container "$workspace") || exit 1
 fi
 exec ipybox --workspace "$workspace" "$@"

@@ -283,3 +283,59 @@ async def test_sandbox_works_in_the_container_with_the_documented_options_and_to
     assert state.returncode == 0 and "planted" not in state.stdout, state
     assert (workspace / "inside.txt").read_text() == "ok"
     assert (workspace / "inside.txt").stat().st_uid == UID
+
+
+def _git_workspace(workspace: Path) -> None:
+    """A workspace that is a git repository, owned by the container user as the host user's would be."""
+    (workspace / ".git" / "hooks").mkdir(parents=True)
+    (workspace / ".git" / "config").write_text("[core]\n")
+    if os.geteuid() == 0:
+        for path in (workspace / ".git", workspace / ".git" / "hooks", workspace / ".git" / "config"):
+            os.chown(path, UID, GID)
+
+
+def test_without_sandbox_the_image_refuses_a_workspace_whose_git_it_could_change(workspace: Path) -> None:
+    """Attack: without ``--sandbox`` the kernel runs as the workspace's owner and wrote
+    ``.git/config`` (``core.fsmonitor``) and ``.git/hooks``, which git on the host later runs. The
+    image does not start while such a name is writable, and names the read-only mount to add."""
+    _git_workspace(workspace)
+    result = subprocess.run(
+        ["docker", "run", "-i", "--rm", "-v", f"{workspace}:/app/workspace", IMAGE],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    assert "dst=/app/workspace/.git,readonly" in result.stderr
+
+
+async def test_through_the_plugin_launcher_the_kernel_cannot_change_the_workspaces_git(
+    workspace: Path, state_volume: str
+) -> None:
+    _git_workspace(workspace)
+    launcher = ROOT / "plugins" / "codeact" / "ipybox-mcp.sh"
+    env = {
+        **os.environ,
+        "IPYBOX_IMAGE": IMAGE,
+        "IPYBOX_STATE_VOLUME": state_volume,
+        "CLAUDE_PROJECT_DIR": str(workspace),
+    }
+    code = (
+        "for path in ('.git/config', '.git/hooks/pre-commit', 'notes.txt'):\n"
+        "    try:\n"
+        "        open(path, 'a').write('[core]\\n\\tfsmonitor = touch /tmp/pwned\\n')\n"
+        "        print(path, 'written')\n"
+        "    except OSError:\n"
+        "        print(path, 'refused')\n"
+    )
+    async with connected(StdioServerParameters(command=str(launcher), args=["docker"], env=env)) as client:
+        result = await run(client, code)
+    assert text_of(result).split("\n") == [
+        ".git/config refused",
+        ".git/hooks/pre-commit refused",
+        "notes.txt written",
+    ]
+    assert (workspace / ".git" / "config").read_text() == "[core]\n"
+    assert not (workspace / ".git" / "hooks" / "pre-commit").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -292,7 +293,11 @@ async def test_the_launcher_serves_the_claude_code_project_as_the_workspace(tmp_
 
 
 @pytest.mark.timeout(300)
-async def test_the_sandbox_launcher_uses_the_workspaces_sandbox_config(tmp_path: Path) -> None:
+async def test_the_sandbox_launcher_never_reads_settings_from_the_workspace(tmp_path: Path) -> None:
+    """Attack: an earlier run without the sandbox (or its kernel) writes a ``sandbox-config.json``
+    into the workspace that opens a folder outside it; the sandbox launcher used that file at its
+    next start. Settings now come only from outside the workspace (``IPYBOX_SANDBOX_CONFIG``, or the
+    plugin's own folder); the planted file is ignored with a note, and naming it is refused."""
     from mcp.client.stdio import StdioServerParameters
 
     from tests.mcp_server.support import connected, run, server_env, text_of
@@ -305,22 +310,45 @@ async def test_the_sandbox_launcher_uses_the_workspaces_sandbox_config(tmp_path:
         f"try:\n    open({str(extra / 'x.txt')!r}, 'w').write('x')\n    print('allowed')\n"
         "except OSError:\n    print('blocked')\n"
     )
-    params = StdioServerParameters(
-        command=str(LAUNCHER), args=["sandbox"], env=server_env(CLAUDE_PROJECT_DIR=str(workspace))
-    )
-
-    async with connected(params) as client:
-        default = await run(client, code)
-    assert text_of(default).strip() == "blocked", text_of(default)
-
     config = {
         "network": {"allowedDomains": [], "deniedDomains": []},
         "filesystem": {"denyRead": [], "allowWrite": [str(workspace), str(extra)], "denyWrite": []},
     }
     (workspace / "sandbox-config.json").write_text(json.dumps(config))
+    env = server_env(CLAUDE_PROJECT_DIR=str(workspace))
+    env.pop("IPYBOX_SANDBOX_CONFIG", None)
+    params = StdioServerParameters(command=str(LAUNCHER), args=["sandbox"], env=env)
+    async with connected(params) as client:
+        planted = await run(client, code)
+    assert text_of(planted).strip() == "blocked", text_of(planted)
+
+    trusted = tmp_path / "trusted-sandbox-config.json"
+    trusted.write_text(json.dumps(config))
+    params.env = {**env, "IPYBOX_SANDBOX_CONFIG": str(trusted)}
     async with connected(params) as client:
         custom = await run(client, code)
     assert text_of(custom).strip() == "allowed", text_of(custom)
+
+    inside = await asyncio.to_thread(
+        subprocess.run,
+        [str(LAUNCHER), "sandbox"],
+        env={**env, "IPYBOX_SANDBOX_CONFIG": str(workspace / "sandbox-config.json")},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert inside.returncode != 0 and "lies in the workspace" in inside.stderr, inside.stderr
+
+
+def test_the_docker_launcher_mounts_every_protected_name_that_ipybox_knows() -> None:
+    """The launcher's list of names it mounts read-only is ipybox's own (bash cannot import it)."""
+    # private: the protected names are internal to the sandbox; the launcher's copy must match them.
+    from ipybox.app._sandbox._rules import PROTECTED_WORKSPACE_DIRS, PROTECTED_WORKSPACE_FILES
+
+    [listed] = re.findall(r"^\s*protected=\((.*)\)$", LAUNCHER.read_text(), re.MULTILINE)
+    assert listed.split() == [*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES]
 
 
 @pytest.mark.timeout(600)

@@ -4,7 +4,10 @@
 #   plugins/codeact/ipybox-mcp.sh default|sandbox|docker
 #
 # default  ipybox without a sandbox (code runs as you)
-# sandbox  ipybox --sandbox, with <workspace>/sandbox-config.json when that file exists
+# sandbox  ipybox --sandbox, with the sandbox settings of IPYBOX_SANDBOX_CONFIG (a file outside the
+#          workspace), else of sandbox-config.json beside this script when it exists, else the
+#          defaults. Never a file in the workspace: the kernel (or an earlier run without the
+#          sandbox) can write there, and could loosen its own sandbox for the next start.
 # docker   the ipybox image (IPYBOX_IMAGE, default "ipybox"; build it with docker/build.sh)
 #
 # The workspace is IPYBOX_WORKSPACE, else the Claude Code project (CLAUDE_PROJECT_DIR), else the
@@ -57,9 +60,18 @@ case "$mode" in
             (cd "$srt_dir" && npm ci --silent --no-audit --no-fund) >&2 || fail "npm ci in $srt_dir failed (see above)"
         fi
         args=(--workspace "$workspace" --sandbox)
-        # -s: a running sandboxed kernel keeps an empty placeholder there (the file is write-protected).
-        if [ -s "$workspace/sandbox-config.json" ]; then
-            args+=(--sandbox-config "$workspace/sandbox-config.json")
+        config="${IPYBOX_SANDBOX_CONFIG:-}"
+        if [ -z "$config" ] && [ -f "$here/sandbox-config.json" ]; then
+            config="$here/sandbox-config.json"
+        fi
+        if [ -n "$config" ]; then
+            # ipybox refuses a settings file inside the workspace, with the reason.
+            args+=(--sandbox-config "$config")
+        elif [ -s "$workspace/sandbox-config.json" ]; then
+            # -s: a running sandboxed kernel keeps an empty placeholder there (the file is write-protected).
+            echo "ipybox-mcp: ignoring $workspace/sandbox-config.json: settings are never read from the" \
+                "workspace, which the kernel can write. Move the file outside it and set" \
+                "IPYBOX_SANDBOX_CONFIG to its path, or put it beside $here/ipybox-mcp.sh." >&2
         fi
         exec "${cmd[@]}" "${args[@]}"
         ;;
@@ -71,8 +83,20 @@ case "$mode" in
             || fail "no Docker engine answers (docker says: ${problem:-nothing}). Start Docker (Docker Desktop, or 'sudo systemctl start docker'), or point DOCKER_HOST at a running engine, then restart this MCP server"
         docker image inspect "$image" >/dev/null 2>&1 \
             || fail "the Docker image '$image' does not exist: build it once with docker/build.sh in a clone of ipybox"
+        # The workspace's configuration that programs on this machine run (git hooks and
+        # core.fsmonitor, editor tasks, agents' MCP servers) comes in read-only: the kernel in the
+        # container runs as the workspace's owner. The names are ipybox's protected ones
+        # (PROTECTED_WORKSPACE_DIRS and _FILES); the image refuses to start while one is writable.
+        protected=(.git .vscode .idea .claude .cursor .gemini .roo .amazonq .windsurf .codex .continue .husky .env sandbox-config.json .mcp.json .gitconfig .gitmodules .bashrc .bash_profile .zshrc .zprofile .profile .ripgreprc HEAD .pre-commit-config.yaml lefthook.yml)
+        mounts=()
+        for name in "${protected[@]}"; do
+            if [ -e "$workspace/$name" ] || [ -L "$workspace/$name" ]; then
+                mounts+=(--mount "type=bind,src=$workspace/$name,dst=/app/workspace/$name,readonly")
+            fi
+        done
         exec docker run -i --rm \
             -v "$workspace:/app/workspace" \
+            ${mounts[@]+"${mounts[@]}"} \
             -v "${IPYBOX_STATE_VOLUME:-ipybox-state}:/app/state" \
             "$image"
         ;;

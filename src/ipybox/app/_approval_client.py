@@ -92,24 +92,37 @@ class ApprovalRequest:
         """Reject because nobody is left to decide (the audit trail records it as abandoned)."""
         await self._decide(False, abandoned=True)
 
-    async def _decide(self, accepted: bool, *, remember: bool = False, abandoned: bool = False) -> None:
+    async def _decide_as(self, accepted: bool, by: str) -> None:
+        """Accept or reject on behalf of `by` (an `ipybox.app._approval_server.Decider` value), which
+        the audit trail records and the caller's error names instead of the application."""
+        await self._decide(accepted, by=by)
+
+    async def _decide(
+        self, accepted: bool, *, remember: bool = False, abandoned: bool = False, by: str | None = None
+    ) -> None:
         if self._decision is not None:
             earlier = "accepted" if self._decision else "rejected"
             effect = "the call runs" if self._decision else "the call does not run"
             raise ApprovalDecisionError(
-                f"The tool call {self} was already {earlier} ({effect}); a request is decided once."
+                f"The tool call {self._call()} was already {earlier} ({effect}); a request is decided once."
             )
         self._decision = accepted
-        extra = {"remember": True} if remember else {"abandoned": True} if abandoned else {}
+        extra: dict[str, Any] = {"remember": True} if remember else {"abandoned": True} if abandoned else {}
+        if by is not None:
+            extra["by"] = by
         if not await self._respond(accepted, **extra):
             raise ApprovalDecisionError(
-                f"The tool call {self} is no longer waiting for a decision: it expired (the tool server's "
+                f"The tool call {self._call()} is no longer waiting for a decision: it expired (the tool server's "
                 "approval timeout) or the code that made it is gone, so the call does not run."
             )
 
+    def _call(self) -> str:
+        """The server and tool, for messages and logs: bounded, whatever the arguments' size."""
+        return f"{shown_name(self.server_name[:256])}.{shown_name(self.tool_name[:256])}"
+
     def __str__(self) -> str:
-        args = ", ".join(f"{_name(name)}={_value(value)}" for name, value in self.tool_args.items())
-        return f"{_name(self.server_name)}.{_name(self.tool_name)}({args})"
+        args = ", ".join(f"{shown_name(name)}={_value(value)}" for name, value in self.tool_args.items())
+        return f"{shown_name(self.server_name)}.{shown_name(self.tool_name)}({args})"
 
     def __repr__(self) -> str:
         return (
@@ -118,7 +131,7 @@ class ApprovalRequest:
         )
 
 
-def _name(name: str) -> str:
+def shown_name(name: str) -> str:
     """A name as it is, if it is a plain identifier; else quoted and escaped like a Python string."""
     return name if name.isidentifier() and name.isprintable() and name.isascii() else ascii(name)
 
@@ -312,7 +325,7 @@ class ApprovalClient:
             logger.warning("Ignored a malformed approval request: %s", exc)
             return None
 
-        async def respond(accepted: bool, **extra: bool) -> bool:
+        async def respond(accepted: bool, **extra: Any) -> bool:
             from websockets.exceptions import ConnectionClosed
 
             if websocket is not self._websocket:
@@ -322,7 +335,9 @@ class ApprovalClient:
                 )
             taken = asyncio.get_running_loop().create_future()
             self._taken[request_id] = taken
-            flags = "".join(f',"{name}":true' for name, value in extra.items() if value)
+            flags = "".join(
+                f",{json.dumps(name)}:{json.dumps(value)}" for name, value in extra.items() if value
+            )
             answer = (
                 f'{{"jsonrpc":"2.0","id":{request_id},"result":{"true" if accepted else "false"}{flags}}}'
             )
@@ -342,7 +357,7 @@ class ApprovalClient:
         try:
             await self.callback(request)
         except Exception:  # broad: the application's callback may fail in any way; the call is rejected
-            logger.exception("The approval callback failed for %s; the request is rejected.", request)
+            logger.exception("The approval callback failed for %s; the request is rejected.", request._call())
             if not request.decided:
                 try:
                     await request.reject()

@@ -4,7 +4,8 @@ For every tool call the channel sends ``{"jsonrpc": "2.0", "id": N, "method": "a
 "params": {"server_name", "tool_name", "tool_args"}}`` to the connected approval client and
 waits for ``{"jsonrpc": "2.0", "id": N, "result": true | false}`` (optionally with
 ``"remember": true``, accepted for the rest of the session, or ``"abandoned": true``, rejected
-because nobody was left to decide). Each request id is decided
+because nobody was left to decide, and ``"by"``: who decided, one of `Decider`'s values, for the
+audit trail and the caller's error; the application when it is left out). Each request id is decided
 at most once, and every decision is answered with ``{"jsonrpc": "2.0", "method": "decided",
 "params": {"id": N, "taken": true | false}}``: ``false`` for an unknown, already decided or
 expired id, whose decision changes nothing.
@@ -17,7 +18,7 @@ import itertools
 import json
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -25,7 +26,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from ipybox.app._tool_http import DIRECT_TEXT
 from ipybox.errors import ApprovalClientDisconnected, NoApprovalClientError
 
-__all__ = ["ApprovalChannel", "ApprovalClientDisconnected", "NoApprovalClientError"]
+__all__ = ["ApprovalChannel", "ApprovalClientDisconnected", "Decider", "NoApprovalClientError"]
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.tool_exec.approval.server")
@@ -34,6 +35,25 @@ logger = logging.getLogger("ipybox.tool_exec.approval.server")
 POLICY_VIOLATION = 1008
 # The notice that answers each decision, for a request id (an int) and whether it was taken.
 _DECIDED = '{"jsonrpc":"2.0","method":"decided","params":{"id":%d,"taken":%s}}'
+
+
+class Decider:
+    """Who decided on an approval request, as the approval client says it (``"by"``).
+
+    Each value is also what the audit trail's ``decided_by`` column shows for it.
+    """
+
+    APPLICATION: Final = "application"
+    """The application's own approval callback (the SDK's `stream` consumer, `execute`)."""
+    PERSON: Final = "person at MCP client"
+    """The person at the MCP client, asked by ``ipybox --approve-tool-calls``."""
+    HIDDEN_CELL: Final = "hidden cell"
+    """Nobody: the call came while a cell the application ran on its own was running, and is refused."""
+    TOO_LARGE: Final = "too large to ask"
+    """Nobody: the call is too large to be shown to the person whole enough to decide, and is refused."""
+
+
+_DecidedBy = Literal["application", "person at MCP client", "hidden cell", "too large to ask"]
 
 
 class _Decision(BaseModel):
@@ -48,6 +68,7 @@ class _Decision(BaseModel):
     remember: StrictBool = False
     # Rejected because nobody was left to decide (the stream that would have shown it ended).
     abandoned: StrictBool = False
+    by: _DecidedBy = Decider.APPLICATION
 
 
 class ApprovalChannel:
@@ -157,12 +178,13 @@ class ApprovalChannel:
 
     async def ask(
         self, server_name: str, tool_name: str, tool_args: dict[str, Any]
-    ) -> tuple[bool, bool, bool]:
+    ) -> tuple[bool, bool, bool, str]:
         """`request`, answering also whether the client accepted for the rest of the session
-        (``remember``) and whether it rejected because nobody was left to decide (``abandoned``).
+        (``remember``), whether it rejected because nobody was left to decide (``abandoned``) and
+        who decided (a `Decider` value).
 
         Returns:
-            ``(accepted, remember, abandoned)``.
+            ``(accepted, remember, abandoned, by)``.
 
         Raises:
             NoApprovalClientError: As `request`.
@@ -170,7 +192,7 @@ class ApprovalChannel:
             TimeoutError: As `request`.
         """
         if not self.approval_required:
-            return True, False, False
+            return True, False, False, Decider.APPLICATION
         websocket = self._websocket
         if websocket is None:
             raise NoApprovalClientError("The approval client is not connected to the tool server.")
@@ -198,7 +220,7 @@ class ApprovalChannel:
                         "The approval client disconnected before it could be asked."
                     ) from exc
                 answer = await decision
-                return answer.result, answer.result and answer.remember, answer.abandoned
+                return answer.result, answer.result and answer.remember, answer.abandoned, answer.by
         except TimeoutError:
             raise TimeoutError(f"No approval decision within {self.approval_timeout:g} s.") from None
         finally:

@@ -31,6 +31,8 @@ __all__ = ["AuditRecord", "AuditTrail", "default_audit_path"]
 
 # Argument text kept per record; a longer one is cut, with a note of its full size.
 MAX_ARGUMENTS = 16 * 1024
+# Error text kept per record (an MCP server's error message can be of any size), cut the same way.
+MAX_ERROR = 4 * 1024
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS calls (
     id INTEGER PRIMARY KEY,
@@ -176,6 +178,8 @@ class AuditTrail:
         error: str | None = None,
     ) -> None:
         """Add a call's outcome to its record."""
+        if error is not None and len(error) > MAX_ERROR:
+            error = f"{error[:MAX_ERROR]}... ({len(error)} characters)"
         self._require().execute(
             "UPDATE calls SET outcome = ?, duration_ms = ?, result_size = ?, error = ? WHERE id = ?",
             (outcome, duration_ms, result_size, error, record),

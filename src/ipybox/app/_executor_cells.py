@@ -183,7 +183,7 @@ class _Cells:
     async def _on_approval_request(self, request: ApprovalRequest) -> None:
         if self._requests is None:
             # No execution is running (e.g. a thread the code left behind): nobody can decide.
-            await request.reject()
+            await request._abandon()
         else:
             self._requests.put_nowait(request)
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from mcp.types import ToolAnnotations
 
+from ipybox.app._approval_server import Decider
 from ipybox.app._audit import AuditTrail
 from ipybox.app._policy import Policy, Verdict, command_programs, is_shell
 from ipybox.errors import ToolCallOutcome
@@ -35,6 +36,8 @@ class Asked:
     accepted: bool
     remember: bool = False
     abandoned: bool = False
+    # Who decided, as the audit trail records it (an `ipybox.app._approval_server.Decider` value).
+    by: str = Decider.APPLICATION
 
 
 class GateDenied(Exception):
@@ -49,7 +52,7 @@ class GateDenied(Exception):
 
 
 # How a failed approval wait is recorded, by the outcome kind of the tool server's error.
-_WHO = {"rejected": "application", "expired": "timeout", "failed": "abandoned"}
+_WHO = {"rejected": Decider.APPLICATION, "expired": "timeout", "failed": "abandoned"}
 
 
 class Gate:
@@ -151,9 +154,9 @@ class Ticket:
                     self._write("denied", by, kind if kind in _WHO else "failed")
                     raise
                 if not answer.accepted:  # pragma: no cover - ask raises on a rejection
-                    self._write("denied", "abandoned" if answer.abandoned else "application", "rejected")
+                    self._write("denied", "abandoned" if answer.abandoned else answer.by, "rejected")
                     raise GateDenied("was rejected by the application")
-                by = "application"
+                by = answer.by
                 if answer.remember:
                     self.gate.remember(self.server, self.tool, self.tool_args)
         self._write("allowed", by, "running")

@@ -79,7 +79,8 @@ del _ipybox_setup
 
 _UNPACK = """\
 def _ipybox_unpack(dest, data):
-    import base64, importlib, io, os, shutil, tarfile
+    import base64, io, os, shutil, tarfile
+    from ipybox.kernel._imports import refresh
     if os.path.isdir(dest) and not os.path.islink(dest):
         shutil.rmtree(dest)
     elif os.path.lexists(dest):
@@ -89,7 +90,7 @@ def _ipybox_unpack(dest, data):
             archive.extractall(".", filter="data")
         else:
             archive.extractall(".")
-    importlib.invalidate_caches()
+    refresh()
 _ipybox_unpack({dest}, {data})
 del _ipybox_unpack
 """

@@ -26,7 +26,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive
 
 from ipybox._wire import AnswerFields
-from ipybox.app._approval_server import ApprovalChannel, ApprovalClientDisconnected, NoApprovalClientError
+from ipybox.app._approval_server import (
+    ApprovalChannel,
+    ApprovalClientDisconnected,
+    Decider,
+    NoApprovalClientError,
+)
 from ipybox.app._gate import Asked, Gate, GateDenied, Ticket
 from ipybox.app._mcp import MCPSession
 from ipybox.app._params import StdioParams, confine, resolve_params
@@ -38,6 +43,21 @@ from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 if TYPE_CHECKING:
     from ipybox.app._tracing import Tracing
 
+# How a rejection reads to the caller, by who decided (`Decider`).
+_REJECTED_BY_APP = "was rejected by the application."
+_REJECTED = {
+    Decider.APPLICATION: _REJECTED_BY_APP,
+    Decider.PERSON: "was rejected by the person at the MCP client.",
+    Decider.HIDDEN_CELL: (
+        "was rejected: it was made while a cell the application runs on its own was running (the refresh "
+        "after register_mcp_server or install_package); nobody approves or is asked about a call then, "
+        "so it does not run. Make the call from a cell of your own."
+    ),
+    Decider.TOO_LARGE: (
+        "was rejected without asking: its arguments are too large to show to the person who approves "
+        "calls. Pass less data per call (write large data to a file and pass its path)."
+    ),
+}
 # What an MCP message may carry besides the result itself (JSON-RPC envelope, escapes).
 _ENVELOPE_ALLOWANCE = 1024 * 1024
 
@@ -53,6 +73,28 @@ class _RunRequest(BaseModel):
     server_params: dict[str, Any] | None = None
     # Whether the answer carries every content part and the structured content (``run_content``).
     content: bool = False
+
+
+MAX_NAME_CHARS = 256
+"""The longest server or tool name a call may carry (MCP names tools in at most 128 characters)."""
+
+
+def name_problem(field: str, name: str) -> str | None:
+    """Why `name` (a call's `field`) is refused, or ``None``: longer than `MAX_NAME_CHARS`, or holding a
+    character that is not printable (control characters and terminal escapes, line breaks,
+    invisible format marks such as right-to-left overrides, separators other than the space)."""
+    if len(name) > MAX_NAME_CHARS:
+        return (
+            f"The tool call was refused before anything was asked, run or recorded: its {field} is {len(name)} "
+            f"characters long, over the limit of {MAX_NAME_CHARS}. Call a tool by the names its server lists."
+        )
+    if not name.isprintable():
+        return (
+            f"The tool call was refused before anything was asked, run or recorded: its {field} {name!a} "
+            "holds characters that cannot be shown as they are (control characters, terminal escapes, line "
+            "breaks or invisible marks). Call a tool by the names its server lists."
+        )
+    return None
 
 
 class _ToolCallError(Exception):
@@ -118,6 +160,11 @@ class _ToolCalls(_RequestBodies):
         return await self._handle_run(body, charge)
 
     async def _handle_run(self, body: _RunRequest, charge: _Charge) -> tuple[int, bytes]:
+        # Names are shown to people (questions, the audit trail, logs): refused before anything of
+        # the call is decided or recorded when they are too long or hold what a terminal acts on.
+        problem = name_problem("server_name", body.server_name) or name_problem("tool_name", body.tool_name)
+        if problem is not None:
+            return _error(400, "failed", problem)
         # ---- policy and audit hook (ipybox.app._gate): the ticket decides and records the call ----
         if self.gate is None:
             return await self._call(body, charge, None)
@@ -270,7 +317,7 @@ class _ToolCalls(_RequestBodies):
             decision = self._channel.ask(body.server_name, body.tool_name, body.tool_args)
             if self.tracing is not None:
                 decision = self.tracing.approval(body.server_name, body.tool_name, decision)
-            accepted, remember, abandoned = await decision
+            accepted, remember, abandoned, by = await decision
         except NoApprovalClientError:
             raise _ToolCallError(
                 503,
@@ -297,8 +344,10 @@ class _ToolCalls(_RequestBodies):
                 by="abandoned",
             )
         if not accepted:
-            raise _ToolCallError(403, "rejected", f"Tool call {call} was rejected by the application.")
-        return Asked(accepted, remember)
+            raise _ToolCallError(
+                403, "rejected", f"Tool call {call} {_REJECTED.get(by, _REJECTED_BY_APP)}", by=by
+            )
+        return Asked(accepted, remember, by=by)
 
     async def _session(self, server_name: str, params: dict[str, Any], call: str) -> MCPSession:
         running = self._sessions.get(server_name)

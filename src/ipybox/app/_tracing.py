@@ -94,9 +94,9 @@ class Tracing:
             return status, answer
 
     async def approval(
-        self, server_name: str, tool_name: str, decision: Awaitable[tuple[bool, bool, bool]]
-    ) -> tuple[bool, bool, bool]:
-        """Wait for an approval decision (``(accepted, remember, abandoned)``) in a span of its own
+        self, server_name: str, tool_name: str, decision: Awaitable[tuple[bool, bool, bool, str]]
+    ) -> tuple[bool, bool, bool, str]:
+        """Wait for an approval decision (``(accepted, remember, abandoned, by)``) in a span of its own
         (under the tool call's, or the cell's for a shell command)."""
         with self._span(APPROVAL, _names(server_name, tool_name)) as span:
             outcome = await decision

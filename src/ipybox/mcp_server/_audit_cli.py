@@ -74,7 +74,8 @@ def main(argv: list[str]) -> None:
         trail.close()
     if args.json:
         for record in records:
-            print(json.dumps(record.as_dict(), ensure_ascii=False))
+            # ASCII only: JSON leaves C1 controls and invisible marks as they are, a terminal would not.
+            print(json.dumps(record.as_dict()))
     else:
         print(_table(records))
 
@@ -82,21 +83,33 @@ def main(argv: list[str]) -> None:
 _HEADERS = ("id", "time", "session", "server", "tool", "decision", "by", "ms", "outcome", "size", "arguments")
 
 
+_WIDTH = 60
+
+
+def _shown(text: str, width: int = _WIDTH) -> str:
+    """A text column as printed: cut to `width` characters, then every character a terminal would act
+    on or not show (controls, escapes, line breaks, invisible marks) and every backslash escaped, so
+    that what is printed is what was recorded, on one line, and no record can paint over another."""
+    cut = text if len(text) <= width else text[: width - 3] + "..."
+    return "".join(
+        char if char.isprintable() and char != "\\" else char.encode("unicode_escape").decode("ascii")
+        for char in cut
+    )
+
+
 def _row(record: AuditRecord) -> tuple[str, ...]:
-    arguments = record.arguments if len(record.arguments) <= 60 else record.arguments[:57] + "..."
     return (
         str(record.id),
         datetime.fromtimestamp(record.started).strftime("%Y-%m-%d %H:%M:%S"),
-        record.session,
-        record.server,
-        record.tool,
-        record.decision,
-        record.decided_by,
+        _shown(record.session),
+        _shown(record.server),
+        _shown(record.tool),
+        _shown(record.decision),
+        _shown(record.decided_by),
         "" if record.duration_ms is None else f"{record.duration_ms:.1f}",
-        record.outcome,
+        _shown(record.outcome),
         "" if record.result_size is None else str(record.result_size),
-        # Shown escaped, so that what the terminal prints is what was recorded.
-        arguments.encode("unicode_escape").decode("ascii"),
+        _shown(record.arguments),
     )
 
 

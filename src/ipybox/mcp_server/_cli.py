@@ -204,11 +204,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.policy = _read_policy(parser, args.policy, args.workspace.expanduser())
     if args.sandbox_config is not None:
         args.sandbox = True
-        if not args.sandbox_config.is_file():
-            parser.error(
-                f"--sandbox-config {args.sandbox_config}: no such file; give the path of a settings file."
-            )
-        args.sandbox_config = args.sandbox_config.resolve()
+        args.sandbox_config = _sandbox_config(parser, args.sandbox_config, args.workspace.expanduser())
     _check_gateway_args(parser, args)
     workspace: Path = args.workspace.expanduser()
     if workspace.exists() and not workspace.is_dir():
@@ -277,6 +273,20 @@ def _check_gateway_args(parser: argparse.ArgumentParser, args: argparse.Namespac
         ExecutorSettings(kernel_gateway_url=args.kernel_gateway_url)
     except ValueError as exc:
         parser.error(f"--kernel-gateway-url: {exc}")
+
+
+def _sandbox_config(parser: argparse.ArgumentParser, path: Path, workspace: Path) -> Path:
+    """The file of ``--sandbox-config``; an error for a missing one, or one the kernel could change."""
+    if not path.is_file():
+        parser.error(f"--sandbox-config {path}: no such file; give the path of a settings file.")
+    path = path.resolve()
+    if path.is_relative_to(workspace.resolve()):
+        parser.error(
+            f"--sandbox-config {path}: the file lies in the workspace, which the kernel (or an earlier "
+            "unsandboxed run) can write, so it could loosen its own sandbox for the next start; keep it "
+            "outside (e.g. ~/.config/ipybox/sandbox-config.json)."
+        )
+    return path
 
 
 def _read_policy(parser: argparse.ArgumentParser, path: Path, workspace: Path) -> Policy:

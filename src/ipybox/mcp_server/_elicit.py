@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import secrets
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
@@ -36,10 +35,12 @@ import mcp_types as types
 from mcp.server import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from ipybox.app._approval_client import ApprovalRequest
+from ipybox.app._approval_client import ApprovalRequest, shown_name
+from ipybox.app._approval_server import Decider
 from ipybox.app._executor import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app._kernel_output import KeptText
 from ipybox.errors import ApprovalError, CodeExecutionError
+from ipybox.mcp_server._question import MAX_CALL_CHARS, question
 
 logger = logging.getLogger(__name__)
 
@@ -67,26 +68,6 @@ NOT_WAITING = (
 )
 
 
-# A piece repeated (spaces, escaped tabs, blank-looking U+2800) long enough to push the rest of a
-# call beyond what a dialog shows of its start.
-_RUN = re.compile(r"(.{1,8}?)\1{15,}", re.DOTALL)
-
-
-def _counted(run: re.Match[str]) -> str:
-    unit = run.group(1).encode("ascii", "backslashreplace").decode()
-    return f"[{len(run.group(0)) // len(run.group(1))} times '{unit}']"
-
-
-def message(request: ApprovalRequest) -> str:
-    """What the person reads: the call, every name and value escaped (what is shown is what runs),
-    and a piece repeated 16 times or more shown counted (``[5000 times ' ']``), so that padding cannot
-    push the rest of the call out of sight."""
-    call = _RUN.sub(_counted, str(request))
-    if request.server_name == "ipybox" and request.tool_name in ("shell", "shell_magic"):
-        return f"Allow the shell command a cell wants to run? {call}"
-    return f"Allow the tool call a cell wants to make? {call}"
-
-
 def can_ask(ctx: ServerRequestContext[Any]) -> bool:
     """Whether the client declared it can answer elicitation requests."""
     return ctx.session.check_client_capability(_ELICITATION)
@@ -99,13 +80,39 @@ def modern(ctx: ServerRequestContext[Any]) -> bool:
 
 
 async def decide(request: ApprovalRequest, result: types.ElicitResult | None) -> None:
-    """Accept `request` if the person accepted, else reject it; a decision that comes too late (the
-    request expired or the cell is gone) is refused by `ApprovalRequest` and only logged here."""
+    """Accept `request` if the person accepted, else reject it (the trail and the cell's error say the
+    person decided, or the application when no answer came); a decision that comes too late (the request expired or the cell is gone) is
+    refused by `ApprovalRequest` and only logged here."""
     accepted = result is not None and result.action == "accept"
+    # No answer at all (the client failed or left, a retry without it) is nobody's decline but ours.
+    await _decide(request, accepted, Decider.PERSON if result is not None else Decider.APPLICATION)
+
+
+async def _decide(request: ApprovalRequest, accepted: bool, by: str) -> None:
     try:
-        await (request.accept() if accepted else request.reject())
+        await request._decide_as(accepted, by)
     except ApprovalError as exc:
-        logger.warning("The decision on %s was not taken: %s", request, exc)
+        logger.warning(
+            "The decision on %s.%s was not taken: %s",
+            shown_name(request.server_name[:200]),
+            shown_name(request.tool_name[:200]),
+            type(exc).__name__,
+        )
+
+
+async def asked(request: ApprovalRequest) -> str | None:
+    """The question about `request` (built off the event loop), or ``None`` when it is too large to
+    ask: then it is rejected here, and the trail says so."""
+    text = await question(request)
+    if text is None:
+        logger.warning(
+            "Rejected a call of %s.%s without asking: over %d characters as text.",
+            shown_name(request.server_name[:200]),
+            shown_name(request.tool_name[:200]),
+            MAX_CALL_CHARS,
+        )
+        await _decide(request, False, Decider.TOO_LARGE)
+    return text
 
 
 @dataclass
@@ -234,15 +241,19 @@ class ClientApproval:
                     (at, request) for at, request in [*cell.backlog, *fresh] if now < at + self._timeout
                 ]
                 cell.backlog = waiting[MAX_OPEN_QUESTIONS:]
-                if waiting:
+                questions: dict[ApprovalRequest, str] = {}
+                for _, request in waiting[:MAX_OPEN_QUESTIONS]:
+                    # A call too large to ask is rejected (`asked`), and the cell goes on.
+                    if (text := await asked(request)) is not None:
+                        questions[request] = text
+                if questions:
                     break
         except BaseException:
             await cell.cancel()
             raise
-        requests = [request for _, request in waiting[:MAX_OPEN_QUESTIONS]]
-        asked = {f"{_KEY_PREFIX}{index}": request for index, request in enumerate(requests)}
+        asked_now = {f"{_KEY_PREFIX}{index}": request for index, request in enumerate(questions)}
         state = secrets.token_urlsafe(32)
-        self._waiting[state] = (cell, asked)
+        self._waiting[state] = (cell, asked_now)
         # A client that never comes back: the requests expire on the tool server, the cell ends,
         # and its entry goes.
         forget = asyncio.create_task(self._forget_when_done(state, cell))
@@ -251,9 +262,9 @@ class ClientApproval:
         return types.InputRequiredResult(
             input_requests={
                 key: types.ElicitRequest(
-                    params=types.ElicitRequestFormParams(message=message(request), requested_schema=_SCHEMA)
+                    params=types.ElicitRequestFormParams(message=questions[request], requested_schema=_SCHEMA)
                 )
-                for key, request in asked.items()
+                for key, request in asked_now.items()
             },
             request_state=state,
         )
@@ -274,15 +285,17 @@ class ClientApproval:
         result: types.ElicitResult | None = None
         with anyio.move_on_at(expires) as turn:
             if self._open.value == 0:
-                logger.debug("%s waits its turn: %d questions are open.", request, MAX_OPEN_QUESTIONS)
+                logger.debug("A call waits its turn: %d questions are open.", MAX_OPEN_QUESTIONS)
             async with self._open:
+                # Built in its turn: a flood of large calls has only a few questions built at once.
+                text = await asked(request)
+                if text is None:
+                    return
                 try:
-                    result = await ctx.session.elicit_form(
-                        message(request), _SCHEMA, related_request_id=ctx.request_id
-                    )
+                    result = await ctx.session.elicit_form(text, _SCHEMA, related_request_id=ctx.request_id)
                 except Exception as exc:
                     # The client answered with an error, or went away: nobody accepted the call.
-                    logger.warning("Asking the MCP client about %s failed: %s", request, exc)
+                    logger.warning("Asking the MCP client about a call failed: %s", exc)
         if turn.cancelled_caught:
             return
         await decide(request, result)

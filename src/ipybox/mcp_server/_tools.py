@@ -23,11 +23,13 @@ from mcp.server import ServerRequestContext
 from pydantic import Field
 
 from ipybox.app._approval_client import ApprovalRequest
+from ipybox.app._approval_server import Decider
 from ipybox.app._confined import Confined, ConfinedPathError, relative_parts
 from ipybox.app._executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
 from ipybox.app._kernel_output import DEFAULT_MAX_OUTPUT_CHARS, KeptText
 from ipybox.errors import (
     ApiGenerationError,
+    ApprovalError,
     CodeExecutionError,
     IpyboxError,
     MCPServerError,
@@ -54,6 +56,10 @@ _REMOTE_INSTALL = (
     "reach a package index: `import subprocess, sys; subprocess.run([sys.executable, '-m', 'pip', "
     "'install', {package!r}], check=True)`."
 )
+
+# The refresh after a registration or an install (see `ipybox.kernel._imports`): the import
+# system's file caches are cleared, and with `prefix` the modules of the (re)generated package go.
+_REFRESH = "from ipybox.kernel._imports import refresh as _ipybox_refresh\n_ipybox_refresh({prefix!r})\ndel _ipybox_refresh\n"
 
 TOOLS: dict[str, Declared] = {}
 """The tools, by name, in the order they are listed: each declared once, on its `ToolSession` method."""
@@ -240,15 +246,7 @@ class ToolSession(_CellAnswers):
             # A kernel on a gateway shares no disk with this server: it gets the package as a cell.
             await self.executor.upload(self.workspace / MCPTOOLS_DIR, MCPTOOLS_DIR)
         # A kernel that imported an earlier version of this package must see the new one.
-        await self._run_quietly(
-            "def _ipybox_refresh(prefix):\n"
-            "    import importlib, sys\n"
-            "    importlib.invalidate_caches()\n"
-            "    for name in [m for m in sys.modules if m == prefix or m.startswith(prefix + '.')]:\n"
-            "        del sys.modules[name]\n"
-            f"_ipybox_refresh({f'{MCPTOOLS_DIR}.{server_name}'!r})\n"
-            "del _ipybox_refresh\n"
-        )
+        await self._run_quietly(_REFRESH.format(prefix=f"{MCPTOOLS_DIR}.{server_name}"))
         listing = "\n".join(f"- {name}" for name in names) or "(the server has no tools)"
         example = f"from {MCPTOOLS_DIR}.{server_name}.{names[0]} import Params, run" if names else ""
         text = (
@@ -343,7 +341,7 @@ class ToolSession(_CellAnswers):
             logger.info("Installing %r failed after %.1f s", package_name, time.monotonic() - started)
             return _error(failure)
         logger.info("Installed %r in %.1f s", package_name, time.monotonic() - started)
-        await self._run_quietly("import importlib as _il\n_il.invalidate_caches()\ndel _il\n")
+        await self._run_quietly(_REFRESH.format(prefix=""))
         last = log.splitlines()[-1] if log else ""
         return types.CallToolResult(content=[_text(f"Installed {package_name}. {last}".strip())])
 
@@ -444,8 +442,15 @@ class ToolSession(_CellAnswers):
         )
 
     async def _run_quietly(self, code: str) -> None:
+        """Run a cell of the server's own (nobody asked for it, nobody sees it): every tool call or
+        shell command made while it runs (by a hook or thread the kernel set up) is rejected,
+        recorded as made in a hidden cell; it is never approved on anybody's behalf."""
         with contextlib.suppress(CodeExecutionError, TimeoutError):
-            await self.executor.execute(code, timeout=30)
+            async with contextlib.aclosing(self.executor.stream(code, timeout=30)) as items:
+                async for item in items:
+                    if isinstance(item, ApprovalRequest):
+                        with contextlib.suppress(ApprovalError):
+                            await item._decide_as(False, Decider.HIDDEN_CELL)
 
 
 def _shown(path: str) -> str:
