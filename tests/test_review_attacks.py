@@ -1,0 +1,132 @@
+"""A fresh reviewer's attacks on shell rules (issue 38), run in a sandboxed kernel whose commands
+need approval and whose policy is ``deny rm`` before ``allow *`` (or ``allow`` of harmless tools).
+
+An attack that still gets through is marked ``xfail(strict=True)`` with ``open: ...``: the test
+asserts what should hold (the victim file survives, no marker appears), so it fails today and the
+suite stays green; once fixed, the strict xfail turns into a failure that asks to drop the mark.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutionResult, CodeExecutor
+from ipybox.policy import Policy, Rule
+from tests.sandbox_support import require_sandbox
+
+pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    require_sandbox()
+    path = tmp_path_factory.mktemp("review-attacks")
+    saved = os.environ.get("IPYBOX_STATE_DIR")
+    os.environ["IPYBOX_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
+    try:
+        yield path
+    finally:
+        if saved is None:
+            os.environ.pop("IPYBOX_STATE_DIR", None)
+        else:
+            os.environ["IPYBOX_STATE_DIR"] = saved
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def walled(workdir: Path) -> AsyncIterator[CodeExecutor]:
+    policy = Policy((Rule("deny", program=["rm"]), Rule("allow", program=["*"])), default="ask")
+    async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir, policy=policy) as ex:
+        yield ex
+
+
+async def attack(ex: CodeExecutor, code: str) -> tuple[list[dict[str, object]], str]:
+    """Run `code`, rejecting whatever is asked; what was asked and the cell's output or error."""
+    asked: list[dict[str, object]] = []
+    text = ""
+    try:
+        async for item in ex.stream(code, timeout=60):
+            if isinstance(item, ApprovalRequest):
+                asked.append(item.tool_args)
+                await item.reject()
+            elif isinstance(item, CodeExecutionResult):
+                text = item.text or ""
+    except CodeExecutionError as exc:
+        text = str(exc)
+    return asked, text
+
+
+def victim(workdir: Path, name: str) -> Path:
+    path = workdir / name
+    path.write_text("keep me\n")
+    return path
+
+
+async def test_deny_rm_stops_rm_by_path_and_in_a_substitution(walled: CodeExecutor, workdir: Path) -> None:
+    """Control: what the README promises for `deny rm` holds."""
+    target = victim(workdir, "control-victim")
+    _, text = await attack(walled, f"!ls; /bin/rm {target.name}\n!echo $(rm {target.name})")
+    assert target.exists(), text
+    assert "refused by policy rule 1" in text
+
+
+@pytest.mark.xfail(strict=True, reason="open: setarch (util-linux) runs its arguments as a program")
+async def test_setarch_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
+    target = victim(workdir, "setarch-victim")
+    _, text = await attack(walled, f"!setarch x86_64 rm {target.name}")
+    assert target.exists(), text
+
+
+@pytest.mark.xfail(strict=True, reason="open: the personality aliases of setarch (x86_64, linux64) run a program")
+async def test_linux64_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
+    target = victim(workdir, "linux64-victim")
+    _, text = await attack(walled, f"!linux64 rm {target.name}")
+    assert target.exists(), text
+
+
+@pytest.mark.xfail(strict=True, reason="open: rbash is a shell that the runner list does not name")
+async def test_rbash_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
+    target = victim(workdir, "rbash-victim")
+    _, text = await attack(walled, f"!rbash -c 'rm {target.name}'")
+    assert target.exists(), text
+
+
+@pytest.mark.xfail(strict=True, reason="open: split --filter runs a shell command")
+async def test_split_filter_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
+    target = victim(workdir, "split-victim")
+    _, text = await attack(walled, f"!split --filter='rm {target.name}' {target.name}")
+    assert target.exists(), text
+
+
+PLANT = (
+    "import os, pathlib\n"
+    "pathlib.Path({path!r}).write_text('#!/bin/sh\\ncat >/dev/null\\ntouch {marker}\\n')\n"
+    "os.chmod({path!r}, 0o755)\n"
+)
+
+
+@pytest.mark.xfail(strict=True, reason="open: diff3 --diff-program runs a program the kernel planted")
+async def test_diff3_runs_a_planted_program(walled: CodeExecutor, workdir: Path) -> None:
+    marker = workdir / "diff3-ran"
+    for name in ("d1", "d2", "d3"):
+        victim(workdir, name)
+    code = PLANT.format(path="planted-diff", marker=marker) + "!diff3 --diff-program=./planted-diff d1 d2 d3"
+    _, text = await attack(walled, code)
+    assert not marker.exists(), text
+
+
+@pytest.mark.xfail(strict=True, reason="open: sort --compress-program runs a program the kernel planted")
+async def test_sort_compress_program_runs_a_planted_program(walled: CodeExecutor, workdir: Path) -> None:
+    marker = workdir / "sort-ran"
+    big = workdir / "big.txt"
+    big.write_text("".join(f"{i:08d}\n" for i in range(200_000)))
+    code = (
+        PLANT.format(path="planted-gzip", marker=marker)
+        + "!sort -S 64K --compress-program=./planted-gzip big.txt > sorted.txt"
+    )
+    _, text = await attack(walled, code)
+    assert not marker.exists(), text
