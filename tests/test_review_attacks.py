@@ -81,7 +81,9 @@ async def test_setarch_runs_a_denied_program(walled: CodeExecutor, workdir: Path
     assert target.exists(), text
 
 
-@pytest.mark.xfail(strict=True, reason="open: the personality aliases of setarch (x86_64, linux64) run a program")
+@pytest.mark.xfail(
+    strict=True, reason="open: the personality aliases of setarch (x86_64, linux64) run a program"
+)
 async def test_linux64_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
     target = victim(workdir, "linux64-victim")
     _, text = await attack(walled, f"!linux64 rm {target.name}")
@@ -130,3 +132,45 @@ async def test_sort_compress_program_runs_a_planted_program(walled: CodeExecutor
     )
     _, text = await attack(walled, code)
     assert not marker.exists(), text
+
+
+@pytest.mark.xfail(
+    strict=True, reason="open: a %%script cell for rbash (a shell not in the list) is decided allow"
+)
+async def test_script_magic_for_rbash_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
+    target = victim(workdir, "script-rbash-victim")
+    _, text = await attack(walled, f"%%script rbash\nrm {target.name}\n")
+    assert target.exists(), text
+
+
+@pytest.mark.xfail(strict=True, reason="open: a %%script cell for setarch runs bash on the cell unread")
+async def test_script_magic_for_setarch_bash_runs_a_denied_program(
+    walled: CodeExecutor, workdir: Path
+) -> None:
+    target = victim(workdir, "script-setarch-victim")
+    _, text = await attack(walled, f"%%script setarch x86_64 bash\nrm {target.name}\n")
+    assert target.exists(), text
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: a call under 64 Ki characters of distinct padding shows its dangerous end only at the end",
+)
+async def test_question_shows_the_programs_of_a_padded_shell_line_up_front() -> None:
+    import random
+
+    from ipybox.app._approval_client import ApprovalRequest as Request
+    from ipybox.mcp_server._question import HEAD_CHARS, shown_call
+
+    rng = random.Random(38)
+    padding = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789 ") for _ in range(50_000))
+    cmd = f"echo '{padding}'; rm -rf ~/projects"
+
+    async def respond(*_: object, **__: object) -> bool:
+        return False
+
+    shown = shown_call(Request("ipybox", "shell", {"cmd": cmd}, respond))
+    assert shown is not None
+    assert "rm -rf" in shown[:HEAD_CHARS], (
+        "the person must see that this line runs rm without reading 50,000 characters"
+    )
