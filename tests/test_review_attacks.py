@@ -174,3 +174,20 @@ async def test_question_shows_the_programs_of_a_padded_shell_line_up_front() -> 
     assert "rm -rf" in shown[:HEAD_CHARS], (
         "the person must see that this line runs rm without reading 50,000 characters"
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: accepting `split` for the session also allows `split --filter=<any command>` unasked",
+)
+async def test_a_program_remembered_for_the_session_runs_a_command_unasked(workdir: Path) -> None:
+    marker = workdir / "remembered-split-ran"
+    victim(workdir, "split-input")
+    asked: list[dict[str, object]] = []
+    policy = Policy((), default="ask")
+    async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir, policy=policy) as ex:
+        async for item in ex.stream("!split -l 1 split-input part-", timeout=60):
+            if isinstance(item, ApprovalRequest):
+                await item.accept(remember=True)
+        asked, text = await attack(ex, f"!split --filter='touch {marker}' split-input")
+    assert asked or not marker.exists(), (asked, text)
