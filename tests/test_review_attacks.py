@@ -191,3 +191,46 @@ async def test_a_program_remembered_for_the_session_runs_a_command_unasked(workd
                 await item.accept(remember=True)
         asked, text = await attack(ex, f"!split --filter='touch {marker}' split-input")
     assert asked or not marker.exists(), (asked, text)
+
+
+STOPPED = [
+    "command rm {v}",
+    "builtin command rm {v}",
+    "exec rm {v}",
+    "time rm {v}",
+    "\\time rm {v}",
+    "coproc rm {v}",
+    "r''m {v}",
+    "$'rm' {v}",
+    "$'\\x72m' {v}",
+    "{{r,}}m {v}",
+    "IFS=_; x=rm_{v}; $x",
+    "ls <(rm {v})",
+    "cat <<EOF\n$(rm {v})\nEOF",
+    "alias ls=rm; ls {v}",
+    'f() {{ rm "$@"; }}; f {v}',
+    "ls\rrm {v}",
+    "ls;\u037e rm {v}",
+    "ls &\nrm {v}",
+    "eval rm {v}",
+    "env rm {v}",
+    "xargs rm <<< {v}",
+    "find . -name {v} -delete",
+    "nice rm {v}",
+    "busybox rm {v}",
+    "hash -p /bin/rm ls; ls {v}",
+    "enable -n echo; echo {v}",
+]
+
+
+@pytest.mark.parametrize("line", STOPPED)
+async def test_a_wrapped_or_disguised_rm_is_asked_or_refused(
+    walled: CodeExecutor, workdir: Path, line: str
+) -> None:
+    """Keywords, builtins, quoting, expansions, here-documents, aliases, functions and control
+    characters around `rm`: each line is asked about (here: rejected) or refused by `deny rm`."""
+    target = victim(workdir, f"stopped-{STOPPED.index(line)}")
+    cmd = line.format(v=target.name)
+    asked, text = await attack(walled, f"get_ipython().system({cmd!r})")
+    assert target.exists(), (asked, text)
+    assert asked == [{"cmd": cmd}] or "refused by policy rule 1" in text, (asked, text)
