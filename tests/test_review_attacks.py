@@ -234,3 +234,16 @@ async def test_a_wrapped_or_disguised_rm_is_asked_or_refused(
     asked, text = await attack(walled, f"get_ipython().system({cmd!r})")
     assert target.exists(), (asked, text)
     assert asked == [{"cmd": cmd}] or "refused by policy rule 1" in text, (asked, text)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: accept(remember=True) is dropped silently without a policy or an audit trail (no gate)",
+)
+async def test_remember_without_a_policy_allows_the_program_for_the_session(workdir: Path) -> None:
+    async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir) as ex:
+        async for item in ex.stream("!ls", timeout=60):
+            if isinstance(item, ApprovalRequest):
+                await item.accept(remember=True)
+        asked, text = await attack(ex, "!ls")
+    assert asked == [], text
