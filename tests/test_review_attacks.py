@@ -159,7 +159,7 @@ async def test_script_magic_for_setarch_bash_runs_a_denied_program(
 async def test_question_shows_the_programs_of_a_padded_shell_line_up_front() -> None:
     import random
 
-    from ipybox.app._approval_client import ApprovalRequest as Request
+    # private: the question text `ipybox --approve-tool-calls` puts to the person, built alone
     from ipybox.mcp_server._question import HEAD_CHARS, shown_call
 
     rng = random.Random(38)
@@ -169,7 +169,7 @@ async def test_question_shows_the_programs_of_a_padded_shell_line_up_front() -> 
     async def respond(*_: object, **__: object) -> bool:
         return False
 
-    shown = shown_call(Request("ipybox", "shell", {"cmd": cmd}, respond))
+    shown = shown_call(ApprovalRequest("ipybox", "shell", {"cmd": cmd}, respond))
     assert shown is not None
     assert "rm -rf" in shown[:HEAD_CHARS], (
         "the person must see that this line runs rm without reading 50,000 characters"
