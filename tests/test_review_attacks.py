@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutionResult, CodeExecutor
+from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutionResult, CodeExecutor, KernelPool
 from ipybox.policy import Policy, Rule
 from tests.sandbox_support import require_sandbox
 
@@ -247,3 +247,48 @@ async def test_remember_without_a_policy_allows_the_program_for_the_session(work
                 await item.accept(remember=True)
         asked, text = await attack(ex, "!ls")
     assert asked == [], text
+
+
+async def accept_all(ex: CodeExecutor, code: str) -> str:
+    text = ""
+    try:
+        async for item in ex.stream(code, timeout=60):
+            if isinstance(item, ApprovalRequest):
+                await item.accept()
+            elif isinstance(item, CodeExecutionResult):
+                text = item.text or ""
+    except CodeExecutionError as exc:
+        text = str(exc)
+    return text
+
+
+async def test_a_pooled_session_cannot_reach_another_sessions_folder(tmp_path: Path) -> None:
+    """Session A, its commands approved, reads and plants in session B's folder by path, by
+    `os.chdir` (the command's cwd comes from the kernel) and by `cd` in the line: each fails."""
+    require_sandbox()
+    sessions = tmp_path / "sessions"
+    sessions.mkdir()
+    names = iter(range(1000))
+
+    def new_folder() -> Path:
+        folder = sessions / f"s{next(names)}"
+        folder.mkdir()
+        return folder
+
+    options = {"sandbox": True, "approve_shell_cmds": True, "sandbox_hidden": (sessions,)}
+    async with KernelPool(size=2, working_dir=tmp_path, new_folder=new_folder, **options) as pool:  # type: ignore[arg-type]
+        a, b = pool.claim(), pool.claim()
+        (b / "secret.txt").write_text("b's secret")
+        async with (
+            CodeExecutor(working_dir=a, pool=pool, **options) as ea,  # type: ignore[arg-type]
+            CodeExecutor(working_dir=b, pool=pool, **options) as eb,  # type: ignore[arg-type]
+        ):
+            texts = [
+                await accept_all(ea, f"!cat {b}/secret.txt; touch {b}/planted"),
+                await accept_all(ea, f"print(open('{b}/secret.txt').read())"),
+                await accept_all(ea, f"import os\nos.chdir('{b}')\n!cat secret.txt; touch planted"),
+                await accept_all(ea, f"!cd {b} && cat secret.txt && touch planted"),
+            ]
+            assert await accept_all(eb, "!cat secret.txt") == "b's secret"
+    assert not (b / "planted").exists()
+    assert not any("b's secret" in text for text in texts), texts
