@@ -74,30 +74,24 @@ async def test_deny_rm_stops_rm_by_path_and_in_a_substitution(walled: CodeExecut
     assert "refused by policy rule 1" in text
 
 
-@pytest.mark.xfail(strict=True, reason="open: setarch (util-linux) runs its arguments as a program")
 async def test_setarch_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
     target = victim(workdir, "setarch-victim")
     _, text = await attack(walled, f"!setarch x86_64 rm {target.name}")
     assert target.exists(), text
 
 
-@pytest.mark.xfail(
-    strict=True, reason="open: the personality aliases of setarch (x86_64, linux64) run a program"
-)
 async def test_linux64_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
     target = victim(workdir, "linux64-victim")
     _, text = await attack(walled, f"!linux64 rm {target.name}")
     assert target.exists(), text
 
 
-@pytest.mark.xfail(strict=True, reason="open: rbash is a shell that the runner list does not name")
 async def test_rbash_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
     target = victim(workdir, "rbash-victim")
     _, text = await attack(walled, f"!rbash -c 'rm {target.name}'")
     assert target.exists(), text
 
 
-@pytest.mark.xfail(strict=True, reason="open: split --filter runs a shell command")
 async def test_split_filter_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
     target = victim(workdir, "split-victim")
     _, text = await attack(walled, f"!split --filter='rm {target.name}' {target.name}")
@@ -111,7 +105,6 @@ PLANT = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="open: diff3 --diff-program runs a program the kernel planted")
 async def test_diff3_runs_a_planted_program(walled: CodeExecutor, workdir: Path) -> None:
     marker = workdir / "diff3-ran"
     for name in ("d1", "d2", "d3"):
@@ -121,7 +114,6 @@ async def test_diff3_runs_a_planted_program(walled: CodeExecutor, workdir: Path)
     assert not marker.exists(), text
 
 
-@pytest.mark.xfail(strict=True, reason="open: sort --compress-program runs a program the kernel planted")
 async def test_sort_compress_program_runs_a_planted_program(walled: CodeExecutor, workdir: Path) -> None:
     marker = workdir / "sort-ran"
     big = workdir / "big.txt"
@@ -134,16 +126,12 @@ async def test_sort_compress_program_runs_a_planted_program(walled: CodeExecutor
     assert not marker.exists(), text
 
 
-@pytest.mark.xfail(
-    strict=True, reason="open: a %%script cell for rbash (a shell not in the list) is decided allow"
-)
 async def test_script_magic_for_rbash_runs_a_denied_program(walled: CodeExecutor, workdir: Path) -> None:
     target = victim(workdir, "script-rbash-victim")
     _, text = await attack(walled, f"%%script rbash\nrm {target.name}\n")
     assert target.exists(), text
 
 
-@pytest.mark.xfail(strict=True, reason="open: a %%script cell for setarch runs bash on the cell unread")
 async def test_script_magic_for_setarch_bash_runs_a_denied_program(
     walled: CodeExecutor, workdir: Path
 ) -> None:
@@ -176,10 +164,6 @@ async def test_question_shows_the_programs_of_a_padded_shell_line_up_front() -> 
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: accepting `split` for the session also allows `split --filter=<any command>` unasked",
-)
 async def test_a_program_remembered_for_the_session_runs_a_command_unasked(workdir: Path) -> None:
     marker = workdir / "remembered-split-ran"
     victim(workdir, "split-input")
@@ -236,10 +220,6 @@ async def test_a_wrapped_or_disguised_rm_is_asked_or_refused(
     assert asked == [{"cmd": cmd}] or "refused by policy rule 1" in text, (asked, text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: accept(remember=True) is dropped silently without a policy or an audit trail (no gate)",
-)
 async def test_remember_without_a_policy_allows_the_program_for_the_session(workdir: Path) -> None:
     async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir) as ex:
         async for item in ex.stream("!ls", timeout=60):

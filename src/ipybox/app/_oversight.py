@@ -88,11 +88,9 @@ class Oversight:
     def attach(self, tool_server: ToolServer) -> None:
         """Have `tool_server` apply the rules, write the trail and make spans."""
         tool_server.tracing = self.tracing
-        tool_server.gate = (
-            Gate(self._policy, self._trail, self.session_id)
-            if self._policy is not None or self._trail is not None
-            else None
-        )
+        # Always a gate, also without rules or a trail: it keeps what the application accepted
+        # for the session (``accept(remember=True)``), and without rules it asks about everything.
+        tool_server.gate = Gate(self._policy, self._trail, self.session_id)
         self._tool_server = tool_server
 
     def close(self) -> None:
