@@ -140,10 +140,6 @@ async def test_script_magic_for_setarch_bash_runs_a_denied_program(
     assert target.exists(), text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a call under 64 Ki characters of distinct padding shows its dangerous end only at the end",
-)
 async def test_question_shows_the_programs_of_a_padded_shell_line_up_front() -> None:
     import random
 
@@ -159,9 +155,10 @@ async def test_question_shows_the_programs_of_a_padded_shell_line_up_front() -> 
 
     shown = shown_call(ApprovalRequest("ipybox", "shell", {"cmd": cmd}, respond))
     assert shown is not None
-    assert "rm -rf" in shown[:HEAD_CHARS], (
+    assert "rm" in shown[:HEAD_CHARS].split("]", 1)[0], (
         "the person must see that this line runs rm without reading 50,000 characters"
     )
+    assert shown.startswith("[runs: echo, rm] "), shown[:100]
 
 
 async def test_a_program_remembered_for_the_session_runs_a_command_unasked(workdir: Path) -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import anyio
 
 from ipybox.app._approval_client import ApprovalRequest, shown_name
+from ipybox.app._policy import is_shell, read_shell
 
 __all__ = ["HEAD_CHARS", "MAX_CALL_CHARS", "TAIL_CHARS", "WHOLE_CHARS", "question", "shown_call"]
 
@@ -35,6 +36,9 @@ WHOLE_CHARS = 64 * 1024
 MAX_CALL_CHARS = 8 * 1024 * 1024
 """The longest call, as escaped text, put to the person; a longer one is rejected without asking."""
 _SLICE = 64 * 1024
+# A shell command shown longer than this starts with the programs it runs (read up to _READ_CHARS).
+_SUMMARY_ABOVE = 200
+_READ_CHARS = 1024 * 1024
 
 # A piece repeated (spaces, escaped tabs, blank-looking U+2800) long enough to push the rest of a
 # call beyond what a dialog shows of its start.
@@ -114,7 +118,26 @@ def _call(request: ApprovalRequest) -> Iterator[str]:
 
 
 def shown_call(request: ApprovalRequest) -> str | None:
-    """The call as the person is shown it (see the module docstring); ``None`` above `MAX_CALL_CHARS`."""
+    """The call as the person is shown it (see the module docstring); ``None`` above `MAX_CALL_CHARS`.
+    A long shell command starts with the programs it runs, as far as they can be read, so that
+    distinct padding cannot push a program out of what a dialog shows first."""
+    text = _shown_call(request)
+    if text is None or len(text) <= _SUMMARY_ABOVE or not is_shell(request.server_name, request.tool_name):
+        return text
+    return f"{_programs(request)} {text}"
+
+
+def _programs(request: ApprovalRequest) -> str:
+    cmd = request.tool_args.get("cmd")
+    if isinstance(cmd, str) and len(cmd) > _READ_CHARS:
+        return "[runs: too long to read]"
+    seen = read_shell(request.tool_name, request.tool_args).seen
+    if seen is None:
+        return "[runs: cannot be read]"
+    return f"[runs: {', '.join(shown_name(program) for program in dict.fromkeys(seen)) or 'nothing'}]"
+
+
+def _shown_call(request: ApprovalRequest) -> str | None:
     pieces = _call(request)
     whole: list[str] = []
     total = 0
