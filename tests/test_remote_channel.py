@@ -159,7 +159,7 @@ async def test_a_request_with_fields_of_its_own_is_refused_and_the_channel_keeps
         """),
     )
     *refused, last = text.splitlines()
-    assert [set(json.loads(line)) for line in refused] == [{"error", "ids"}] * 3
+    assert [set(json.loads(line)) for line in refused] == [{"seq", "error", "ids"}] * 3
     assert "approved" in refused[0] and "kernel_id" in refused[1]
     assert json.loads(last) == {"sum": 5}
 

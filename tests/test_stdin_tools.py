@@ -196,7 +196,7 @@ async def test_a_forged_request_with_a_field_of_its_own_is_refused_and_nothing_i
     assert text is not None
     reply = json.loads(text)
     assert (
-        set(reply) == {"error", "ids"}
+        set(reply) == {"seq", "error", "ids"}
         and refused_field in reply["error"]
         and "Extra inputs" in reply["error"]
     )
@@ -230,7 +230,7 @@ async def test_a_forged_ask_only_call_with_a_field_of_its_own_or_of_another_kind
     assert requests == []
     assert text is not None
     reply = json.loads(text)
-    assert set(reply) == {"error", "ids"} and refused in reply["error"]
+    assert set(reply) == {"seq", "error", "ids"} and refused in reply["error"]
 
 
 async def test_a_well_formed_ask_only_call_written_by_cell_code_only_asks_and_runs_nothing(
@@ -440,3 +440,41 @@ print(echo.run(echo.Params(text="still here")))
     assert after == "still here"
     # The call whose arguments were too large was never sent: nothing was asked about it.
     assert [r.tool_name for r in requests] == ["blob", "echo"]
+
+
+async def test_a_late_reply_to_another_request_is_never_taken_for_a_new_calls_reply(workdir: Path) -> None:
+    """ipykernel hands a reply to whichever request waits: a late reply to a request of an earlier
+    cell, with a result under the id the next call gets, must not become that call's result.
+
+    The first cell keeps a real reply (with its result) to a request it wrote; the second hands it to
+    the channel in place of the reply to the channel's own request, which is lost, as ipykernel loses
+    a reply that comes after the next request was made."""
+    first = f"""
+import json
+from ipybox.kernel._stdin import CHANNEL  # the id the next call gets (code in the kernel may look)
+call_id = next(CHANNEL._ids) + 1
+call = {{"id": call_id, "server_name": "demo", "tool_name": "echo", "tool_args": {{"text": "stale"}}}}
+late = input({PROMPT_PREFIX!r} + json.dumps({{"calls": [call], "ack": []}}))
+while not json.loads(late)["results"]:
+    late = input({PROMPT_PREFIX!r} + json.dumps({{"calls": [], "ack": []}}))
+print(json.loads(late)["results"][0]["id"] == call_id)
+"""
+    second = """
+import builtins, types
+real = builtins.input
+def swapped(kernel, prompt=""):
+    builtins.input = real
+    real(prompt)  # answered, but this reply is lost
+    return late
+builtins.input = types.MethodType(swapped, get_ipython().kernel)
+from mcptools.demo import echo
+print(echo.run(echo.Params(text="fresh")))
+"""
+    await generate_mcp_sources("demo", DEMO, workdir / "mcptools")
+    async with CodeExecutor(tool_channel="stdin") as ex:
+        requests, text = await run(ex, first)
+        assert text == "True" and [r.tool_args for r in requests] == [{"text": "stale"}]
+        requests, text = await run(ex, second)
+        assert text == "fresh"
+        # Sent again after the late reply was dropped, the call still ran once.
+        assert [r.tool_args for r in requests] == [{"text": "fresh"}]

@@ -245,14 +245,16 @@ class StdinChannel:
     the results that are ready (long-polling when none is).
 
     A request is ``{"calls": [{"id", "server_name", "tool_name", "tool_args", "content", "ask_only"}, ...],
-    "ack": [ids]}`` (exactly these fields): ``calls`` are new calls (``content`` as in ``/run``,
+    "ack": [ids], "seq": n}`` (exactly these fields): ``seq`` numbers the request (optional; the reply
+    carries it back, so that the kernel tells the reply to its request from a late reply to an earlier
+    one, which ipykernel would hand to whichever request waits), ``calls`` are new calls (``content`` as in ``/run``,
     optional; ``ask_only``, optional, makes the call one that only asks, as ``/approve`` does, about a
     shell command the kernel runs itself: only ``ipybox.shell`` and ``ipybox.shell_magic`` may), ``ack`` the ids whose results arrived (the application sends a result again until it is
     acknowledged; a result nobody waits for any more, of an interrupted call, is acknowledged and
-    dropped). The reply is
-    ``{"results": [{"id", "status", "answer"}, ...]}``, ``answer`` being the JSON answer ``/run`` would
-    give with that HTTP status, or ``{"error": message}`` when the request was refused as a whole
-    (none of its calls started).
+    dropped). A call whose id is in flight already (sent again after a late reply) is not run again.
+    The reply is ``{"seq": n, "idle": bool, "results": [{"id", "status", "answer"}, ...]}``, ``answer``
+    being the JSON answer ``/run`` would give with that HTTP status, or ``{"seq": n, "error": message,
+    "ids": [ids]}`` when the request was refused as a whole (none of its calls started).
     """
 
     VALUE: ClassVar[str] = "stdin"
@@ -267,13 +269,14 @@ class StdinChannel:
     ERROR: ClassVar[str] = "error"
     IDS: ClassVar[str] = "ids"
     ASK_ONLY: ClassVar[str] = "ask_only"
+    SEQ: ClassVar[str] = "seq"
 
 
 PROMPT_PREFIX: Final = "\x1b]ipybox-tool-call;"
 """What starts the prompt of a tool call request, rather than a plain ``input()`` prompt."""
 MAX_MESSAGE_CHARS: Final = 8 * 1024 * 1024
 """The largest request (characters) or reply (bytes) either side sends (a gateway takes 10 MiB)."""
-REQUEST_FIELDS: Final = frozenset({StdinChannel.CALLS, StdinChannel.ACK})
+REQUEST_FIELDS: Final = frozenset({StdinChannel.CALLS, StdinChannel.ACK, StdinChannel.SEQ})
 """The fields of a request, and nothing else."""
 CALL_FIELDS: Final = frozenset(
     {

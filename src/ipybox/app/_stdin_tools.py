@@ -13,7 +13,9 @@ ask-only call (a shell command the kernel runs itself, once allowed) goes throug
 ipykernel has one request in flight per kernel, so a request starts all its calls at once and is
 answered with the results that are ready; with none ready, it is held until one is, or for
 `poll_window` seconds at most, so that calls the kernel queued meanwhile go out in the next request.
-A result is sent with every answer until the kernel acknowledges it; when the kernel's execution
+A result is sent with every answer until the kernel acknowledges it, and a reply names the request
+it answers (ipykernel hands a late reply to whichever request waits; the kernel drops one that is
+not to its own and sends its calls again, which are not run twice); when the kernel's execution
 ends, results nobody took are dropped (a call that is still running runs to its end, never twice).
 """
 
@@ -78,6 +80,7 @@ class _Request(BaseModel):
 
     calls: list[_Call] = Field(max_length=MAX_CALLS_IN_FLIGHT)
     ack: list[StrictInt] = Field(max_length=MAX_CALLS_IN_FLIGHT)
+    seq: StrictInt | None = None
 
 
 def parse_request(prompt: str) -> _Request:
@@ -154,28 +157,33 @@ class StdinToolCalls:
         try:
             request = parse_request(prompt)
         except ValueError as exc:
-            return _refusal(str(exc), [])
+            return _refusal(str(exc), [], _seq_of(prompt))
         kernel.take_acks(request.ack)
         ids = [call.id for call in request.calls]
-        if len(set(ids)) != len(ids) or any(i in kernel.running or i in kernel.results for i in ids):
+        if len(set(ids)) != len(ids):
             return _refusal(
-                "The tool call request repeats the id of a call in flight; none of its calls ran.", ids
+                "The tool call request repeats a call's id; none of its calls ran.", ids, request.seq
             )
+        # A call in flight already was sent again (the kernel dropped a late reply): it runs once.
+        new = [
+            call for call in request.calls if call.id not in kernel.running and call.id not in kernel.results
+        ]
         live = self._live.get(kernel_id, 0)
         in_flight = live + len(kernel.results)
-        if in_flight + len(ids) > MAX_CALLS_IN_FLIGHT:
+        if in_flight + len(new) > MAX_CALLS_IN_FLIGHT:
             return _refusal(
                 f"The kernel has {in_flight} tool calls in flight, and at most {MAX_CALLS_IN_FLIGHT} "
                 "may be; none of the request's calls ran. Make fewer calls at once.",
                 ids,
+                request.seq,
             )
-        for call in request.calls:
+        for call in new:
             task = asyncio.create_task(self._run(kernel_id, kernel, call, kernel.epoch))
             kernel.running[call.id] = task
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        self._live[kernel_id] = live + len(ids)
-        return await self._reply(kernel)
+        self._live[kernel_id] = live + len(new)
+        return await self._reply(kernel, request.seq)
 
     def _finished(self, kernel_id: str) -> None:
         """One of the kernel's calls no longer runs. Called in the same step that keeps its result:
@@ -255,7 +263,7 @@ class StdinToolCalls:
             )
         return status, answer
 
-    async def _reply(self, kernel: _KernelCalls) -> str:
+    async def _reply(self, kernel: _KernelCalls, seq: int | None) -> str:
         if not kernel.results and kernel.running:
             kernel.changed.clear()
             with contextlib.suppress(TimeoutError):
@@ -278,12 +286,30 @@ class StdinToolCalls:
             parts.append(part)
             size += grown
         idle = b"true" if len(parts) == len(kernel.results) and not kernel.running else b"false"
-        head = b'{"%s":%s,"%s":[' % (StdinChannel.IDLE.encode(), idle, StdinChannel.RESULTS.encode())
+        head = b'{"%s":%s,"%s":%s,"%s":[' % (
+            StdinChannel.SEQ.encode(),
+            json.dumps(seq).encode(),
+            StdinChannel.IDLE.encode(),
+            idle,
+            StdinChannel.RESULTS.encode(),
+        )
         return (head + b",".join(parts) + b"]}").decode()
 
 
-def _refusal(message: str, ids: list[int]) -> str:
-    return json.dumps({StdinChannel.ERROR: message, StdinChannel.IDS: ids})
+def _refusal(message: str, ids: list[int], seq: int | None) -> str:
+    return json.dumps({StdinChannel.SEQ: seq, StdinChannel.ERROR: message, StdinChannel.IDS: ids})
+
+
+def _seq_of(prompt: str) -> int | None:
+    """The number of a request that was refused unread, if it has one (the kernel waits for that reply)."""
+    body = prompt.removeprefix(PROMPT_PREFIX)
+    if len(body) > MAX_MESSAGE_CHARS:
+        return None
+    try:
+        seq = json.loads(body).get(StdinChannel.SEQ)
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    return seq if type(seq) is int else None
 
 
 def _escaped_size(data: bytes) -> int:

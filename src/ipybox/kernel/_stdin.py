@@ -5,7 +5,11 @@ application the way ``input()`` asks a person. ipykernel pairs a reply with whic
 so one request is in flight per kernel: `StdinCalls` has one thread at a time make requests (a
 blocking caller that finds the channel free, else a pump thread), each carrying every call queued
 meanwhile and long-polling for results, while the other callers (threads, or tasks of an event
-loop) wait for theirs. A caller that is interrupted (``KeyboardInterrupt`` from
+loop) wait for theirs. ipykernel hands a reply to whichever request waits, so a late reply to an
+earlier request (one an interrupt left, or code in the kernel wrote) can come while a new one
+waits: each request is numbered, the application says which request its reply is to, and a reply
+to another request is dropped unread (its results come again, as every result does until it is
+acknowledged) while the calls of ours go out again in the next request. A caller that is interrupted (``KeyboardInterrupt`` from
 ``cancel()``, a cancelled task) stops waiting at once; its call is never sent again, and its late
 result is acknowledged and dropped.
 
@@ -26,7 +30,7 @@ from ipybox._wire import MAX_MESSAGE_CHARS, PROMPT_PREFIX, StdinChannel
 
 __all__ = ["CHANNEL", "StdinCalls", "StdinFailure"]
 
-_CALLS, _ACK, _ID = StdinChannel.CALLS, StdinChannel.ACK, StdinChannel.ID
+_CALLS, _ACK, _ID, _SEQ = StdinChannel.CALLS, StdinChannel.ACK, StdinChannel.ID, StdinChannel.SEQ
 _RESULTS, _STATUS, _ANSWER, _ERROR, _IDLE, _IDS = (
     StdinChannel.RESULTS,
     StdinChannel.STATUS,
@@ -67,6 +71,7 @@ class StdinCalls:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._requests = itertools.count(1)
         self._queued: list[int] = []
         self._waiting: dict[int, _Slot] = {}
         self._acks: list[int] = []
@@ -163,14 +168,16 @@ class StdinCalls:
                     break
                 acks, self._acks = self._acks, []
                 sent, too_large = self._batch(acks)
+                seq = next(self._requests)
             for slot in too_large:
                 slot.finish(
                     None,
                     f"its arguments are over the stdin channel's limit of {MAX_MESSAGE_CHARS} characters as JSON; "
                     "pass large data as a file instead",
                 )
-            prompt = f'{PROMPT_PREFIX}{{"{_CALLS}": [{", ".join(s.text for s in sent)}], "{_ACK}": {acks}}}'
-            failure = self._send(prompt, sent)
+            calls = ", ".join(s.text for s in sent)
+            prompt = f'{PROMPT_PREFIX}{{"{_SEQ}": {seq}, "{_CALLS}": [{calls}], "{_ACK}": {acks}}}'
+            failure = self._send(prompt, seq, sent, acks)
             if failure is not None:
                 self._fail_all(failure)
         self._kick()
@@ -196,7 +203,7 @@ class StdinCalls:
         self._queued = rest
         return sent, too_large
 
-    def _send(self, prompt: str, sent: list[_Slot]) -> str | None:
+    def _send(self, prompt: str, seq: int, sent: list[_Slot], acks: list[int]) -> str | None:
         """Make one request and take in its reply; why the channel cannot be used, if it cannot."""
         reader = builtins.input
         # During a cell ipykernel puts its own method there; outside one, input() would read the
@@ -209,6 +216,11 @@ class StdinCalls:
             return f"no application answers tool calls on this kernel's stdin channel ({exc!r})"
         try:
             reply = json.loads(value)
+            if type(reply.get(_SEQ)) is not int or reply[_SEQ] != seq:
+                # A late reply to another request, taken by ipykernel for ours: nothing in it is
+                # about this request. Ours is answered too, unread; its calls and acks go again.
+                self._resend(sent, acks)
+                return None
             results = reply.get(_RESULTS)
             error = reply.get(_ERROR)
             if error is not None:
@@ -241,6 +253,13 @@ class StdinCalls:
                 lost, "the execution that made it ended before its result came; it may or may not have run"
             )
         return None
+
+    def _resend(self, sent: list[_Slot], acks: list[int]) -> None:
+        """Put a request's calls (those still waited for) and acks first in line for the next one."""
+        with self._lock:
+            again = [slot.id for slot in sent if slot.id in self._waiting]
+            self._queued[:0] = again
+            self._acks[:0] = acks
 
     def _fail(self, slots: list[_Slot], failure: str) -> None:
         with self._lock:
