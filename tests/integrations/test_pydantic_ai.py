@@ -119,7 +119,7 @@ async def test_policy_rules_decide_before_the_callback_and_a_given_executor_outl
         result = await agent.run("second", toolsets=[toolset], model=scripted([("run_cell", {"code": code})]))
         (part,) = returns(result.new_messages())
         assert part.outcome == "failed"
-        assert "refused by the application's policy" in text_of(part)
+        assert "was refused by policy rule 1" in text_of(part)
         assert [(request.tool_name, request.tool_args) for request in asked] == [("add", {"a": 1, "b": 2})]
         assert (await executor.execute("print(kept)")).text == "7"
 

@@ -178,7 +178,7 @@ def test_a_given_executor_with_policy_rules_runs_the_agents_tools(workdir: Path)
         assert agent.run("price") == 9
     ((_, error), _) = observations(agent)
     assert error is not None and error.startswith("4\nExecuting code yielded an error:")
-    assert "refused by the application's policy" in error
+    assert "was refused by the policy's default decision" in error
     with pytest.raises(RuntimeError, match="not started"):
         executor.policy = None
         asyncio.run(executor.execute("1"))
