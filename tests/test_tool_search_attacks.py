@@ -41,12 +41,15 @@ print(os.path.getsize('mcptools/planted/_search.json'))
 
 # The generation, in a child process that reports its peak memory (kB) and what the index holds.
 _GENERATE = """
-import asyncio, json, resource, sys
+import asyncio, json, sys, tracemalloc
 from ipybox import generate_mcp_sources
 root, params = sys.argv[1], json.loads(sys.argv[2])
+tracemalloc.start()
 asyncio.run(generate_mcp_sources('work', params, root))
+peak = tracemalloc.get_traced_memory()[1]
+tracemalloc.stop()
 index = json.load(open(root + '/_search_index.json'))
-print(json.dumps({'peak_kb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+print(json.dumps({'peak_kb': peak // 1024,
                   'planted': any(tool['tool'] == 'PLANTED' for tool in index['tools'])}))
 """
 
@@ -74,9 +77,11 @@ async def test_a_catalogue_a_kernel_planted_neither_reaches_the_index_nor_costs_
     assert child.returncode == 0, child.stderr[-2000:]
     report = json.loads(child.stdout.splitlines()[-1])
     assert report["planted"] is False
-    # Importing ipybox, the MCP SDK and the ranking libraries takes well under 300 MB; the planted
-    # words took over 1 GB before the index was built only from catalogues the application wrote.
-    assert report["peak_kb"] < 300_000, report
+    # What the generation allocates in Python (tracemalloc: the same figure whatever else the
+    # machine runs, unlike the process's resident memory, which native libraries' threads and
+    # arenas move by hundreds of MB): about 66 MB with the planted file read and refused; its words
+    # turned into a vocabulary and postings took over 1 GB before catalogues had to be signed.
+    assert report["peak_kb"] < 150_000, report
     assert "planted/_search.json" in child.stderr
     assert _found("weather forecast for a city", root, limit=1) == ["work.get-forecast"]
 
