@@ -1,6 +1,6 @@
 """Run a command, then fail if anything it started is still running once it has ended.
 
-Usage: python scripts/no_leftovers.py [--grace SECONDS] COMMAND [ARGS...]
+Usage: python scripts/no_leftovers.py [--warn] [--grace SECONDS] COMMAND [ARGS...]
 (``scripts/test.sh`` runs pytest so)
 
 On Linux this process becomes a child subreaper (``PR_SET_CHILD_SUBREAPER``): a process the
@@ -10,7 +10,8 @@ up. Elsewhere only the command's living descendants are found.
 
 What still runs when the command ends gets a grace period to finish on its own (clean-ups of a
 few seconds end then; 30 s unless --grace says otherwise); whatever is left after it is named on
-stderr and killed, and the exit status is 1 (or the command's own, when that failed).
+stderr and killed, and the exit status is 1 (or the command's own, when that failed). With
+``--warn`` they are named and killed but the exit status is the command's own.
 """
 
 from __future__ import annotations
@@ -51,10 +52,19 @@ def _describe(process: psutil.Process) -> str:
         return f"pid {process.pid}: (ended)"
 
 
-def main(argv: list[str]) -> int:
+def _options(argv: list[str]) -> tuple[bool, float, list[str]]:
+    """``--warn``, ``--grace SECONDS`` and the command."""
+    warn = argv[:1] == ["--warn"]
+    if warn:
+        argv = argv[1:]
     grace = _GRACE
     if argv[:1] == ["--grace"] and len(argv) > 1:
         grace, argv = float(argv[1]), argv[2:]
+    return warn, grace, argv
+
+
+def main(argv: list[str]) -> int:
+    warn, grace, argv = _options(argv)
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
@@ -77,7 +87,7 @@ def main(argv: list[str]) -> int:
     if left:
         where = "" if adopting else " (its orphans cannot be followed on this system)"
         print(
-            f"\nFAILED: {len(left)} process(es) started by `{' '.join(argv)}` still ran {grace:g} s after it "
+            f"\n{'WARNING' if warn else 'FAILED'}: {len(left)} process(es) started by `{' '.join(argv)}` still ran {grace:g} s after it "
             f"ended{where}; each test must end what it starts. Killed now:",
             file=sys.stderr,
         )
@@ -89,7 +99,7 @@ def main(argv: list[str]) -> int:
             except psutil.Error:
                 continue
         psutil.wait_procs(left, timeout=10)
-    if code != 0:
+    if code != 0 or warn:
         return code
     return 1 if left else 0
 

@@ -199,3 +199,31 @@ def test_the_test_commands_wrapper_passes_on_the_commands_own_status() -> None:
             [sys.executable, "scripts/no_leftovers.py", *command], cwd=ROOT, timeout=120, check=False
         )
         assert result.returncode == status
+
+
+def test_the_test_commands_wrapper_with_warn_names_and_ends_a_leftover_but_keeps_the_commands_status() -> (
+    None
+):
+    orphan = "import time; time.sleep(100005)"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "scripts/no_leftovers.py",
+            "--warn",
+            "--grace",
+            "1",
+            "sh",
+            "-c",
+            f"{sys.executable} -c '{orphan}' &",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "WARNING: 1 process(es)" in result.stderr and "sleep(100005)" in result.stderr, result.stderr
+    assert not [
+        proc for proc in psutil.process_iter(["cmdline"]) if orphan in " ".join(proc.info["cmdline"] or [])
+    ]
