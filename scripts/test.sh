@@ -28,8 +28,8 @@ if [ -n "$quick" ]; then
     exit
 fi
 # --warn: the full run names and kills what is left but does not fail on it yet. Its last run on a
-# fresh clone left one kernel of a gateway a fault test killed (adopted by this subreaper, it is not
-# seen by ipykernel's parent poller, which waits for init): to be ended at its root first.
+# fresh clone left one unsandboxed ipykernel whose gateway was gone (not yet traced to its test; one
+# suspect: ipykernel's parent poller, which may wait for init while this subreaper adopts orphans).
 uv run --frozen python scripts/no_leftovers.py --warn uv run --frozen pytest "$@"
 # The short soak (about 2 minutes) runs with the full suite, not with a chosen subset.
 if [ "$#" -eq 0 ]; then
