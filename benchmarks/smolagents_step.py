@@ -15,7 +15,7 @@ The same steps as a `CodeAgent` sends them (``executor(code)``), timed per step 
     (``--ca-cert``, by default those in /usr/local/share/ca-certificates), for a TLS-intercepting
     proxy on the way to PyPI. Skipped, with the reason, where no Docker engine answers.
 
-    .venv/bin/python benchmarks/smolagents_step.py [--steps N] [--sandbox] [--no-docker]
+    uv run --frozen --with docker python benchmarks/smolagents_step.py [--steps N] [--sandbox] [--no-docker]
         [--docker-base IMAGE] [--ca-cert FILE]...
 """
 
@@ -124,7 +124,7 @@ def docker_executor(base: str, ca_certs: list[Path]) -> Any:
 
         import docker
     except ImportError as error:
-        return f"smolagents' docker extra is not installed ({error}); run `uv sync`"
+        return f"the docker package is not installed ({error}); run with `uv run --frozen --with docker`"
     try:
         client = docker.from_env()
         client.ping()
