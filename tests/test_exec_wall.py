@@ -21,24 +21,14 @@ import pytest
 import pytest_asyncio
 
 from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutionResult, CodeExecutor
-from tests.sandbox_support import require_sandbox
+from tests.sandbox_support import sandboxed_workdir
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    require_sandbox()
-    path = tmp_path_factory.mktemp("walled")
-    saved = os.environ.get("IPYBOX_STATE_DIR")
-    os.environ["IPYBOX_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
-    try:
-        yield path
-    finally:
-        if saved is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = saved
+    yield from sandboxed_workdir(tmp_path_factory, "walled")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

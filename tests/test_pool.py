@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from ipybox import CodeExecutionError, CodeExecutor, KernelPool, generate_mcp_sources
 from tests.conftest import DEMO_SERVER
-from tests.sandbox_support import require_sandbox
+from tests.sandbox_support import numbered_folders, require_sandbox
 
 pytestmark = pytest.mark.slow
 
@@ -266,12 +266,7 @@ async def test_sandboxed_kernels_in_folders_of_their_own_cannot_plant_on_each_ot
     root = tmp_path
     sessions = root / "sessions"
     sessions.mkdir()
-    names = iter(range(1000))
-
-    def new_folder() -> Path:
-        folder = sessions / f"s{next(names)}"
-        folder.mkdir()
-        return folder
+    new_folder = numbered_folders(sessions)
 
     async with KernelPool(
         size=2, sandbox=True, working_dir=root, new_folder=new_folder, sandbox_hidden=(sessions,)
@@ -348,12 +343,7 @@ async def test_approved_shell_commands_of_a_pooled_kernel_run_in_its_own_folder(
 
     sessions = tmp_path / "sessions"
     sessions.mkdir()
-    names = iter(range(1000))
-
-    def new_folder() -> Path:
-        folder = sessions / f"s{next(names)}"
-        folder.mkdir()
-        return folder
+    new_folder = numbered_folders(sessions)
 
     async with KernelPool(
         size=1,
@@ -391,12 +381,7 @@ async def test_an_approved_command_of_one_session_cannot_plant_for_another_sessi
 
     sessions = tmp_path / "sessions"
     sessions.mkdir()
-    names = iter(range(1000))
-
-    def new_folder() -> Path:
-        folder = sessions / f"s{next(names)}"
-        folder.mkdir()
-        return folder
+    new_folder = numbered_folders(sessions)
 
     async def accepted(executor: CodeExecutor, code: str) -> str:
         text = ""

@@ -8,7 +8,6 @@ suite stays green; once fixed, the strict xfail turns into a failure that asks t
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,24 +16,14 @@ import pytest_asyncio
 
 from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutionResult, CodeExecutor, KernelPool
 from ipybox.policy import Policy, Rule
-from tests.sandbox_support import require_sandbox
+from tests.sandbox_support import attack, numbered_folders, require_sandbox, sandboxed_workdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    require_sandbox()
-    path = tmp_path_factory.mktemp("review-attacks")
-    saved = os.environ.get("IPYBOX_STATE_DIR")
-    os.environ["IPYBOX_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
-    try:
-        yield path
-    finally:
-        if saved is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = saved
+    yield from sandboxed_workdir(tmp_path_factory, "review-attacks")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -42,22 +31,6 @@ async def walled(workdir: Path) -> AsyncIterator[CodeExecutor]:
     policy = Policy((Rule("deny", program=["rm"]), Rule("allow", program=["*"])), default="ask")
     async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir, policy=policy) as ex:
         yield ex
-
-
-async def attack(ex: CodeExecutor, code: str) -> tuple[list[dict[str, object]], str]:
-    """Run `code`, rejecting whatever is asked; what was asked and the cell's output or error."""
-    asked: list[dict[str, object]] = []
-    text = ""
-    try:
-        async for item in ex.stream(code, timeout=60):
-            if isinstance(item, ApprovalRequest):
-                asked.append(item.tool_args)
-                await item.reject()
-            elif isinstance(item, CodeExecutionResult):
-                text = item.text or ""
-    except CodeExecutionError as exc:
-        text = str(exc)
-    return asked, text
 
 
 def victim(workdir: Path, name: str) -> Path:
@@ -245,12 +218,7 @@ async def test_a_pooled_session_cannot_reach_another_sessions_folder(tmp_path: P
     require_sandbox()
     sessions = tmp_path / "sessions"
     sessions.mkdir()
-    names = iter(range(1000))
-
-    def new_folder() -> Path:
-        folder = sessions / f"s{next(names)}"
-        folder.mkdir()
-        return folder
+    new_folder = numbered_folders(sessions)
 
     options = {"sandbox": True, "approve_shell_cmds": True, "sandbox_hidden": (sessions,)}
     async with KernelPool(size=2, working_dir=tmp_path, new_folder=new_folder, **options) as pool:  # type: ignore[arg-type]

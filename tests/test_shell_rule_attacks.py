@@ -8,16 +8,15 @@ is asked about (here: rejected) or refused, and the marker it would touch never 
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutionResult, CodeExecutor
+from ipybox import CodeExecutor
 from ipybox.policy import Policy, Rule
-from tests.sandbox_support import require_sandbox
+from tests.sandbox_support import attack, sandboxed_workdir
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -26,17 +25,7 @@ ALLOWED = ["ls", "cat", "head", "git", "printf"]
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    require_sandbox()
-    path = tmp_path_factory.mktemp("shell-rules")
-    saved = os.environ.get("IPYBOX_STATE_DIR")
-    os.environ["IPYBOX_STATE_DIR"] = str(tmp_path_factory.mktemp("state"))
-    try:
-        yield path
-    finally:
-        if saved is None:
-            os.environ.pop("IPYBOX_STATE_DIR", None)
-        else:
-            os.environ["IPYBOX_STATE_DIR"] = saved
+    yield from sandboxed_workdir(tmp_path_factory, "shell-rules")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -44,22 +33,6 @@ async def walled(workdir: Path) -> AsyncIterator[CodeExecutor]:
     policy = Policy((Rule("allow", program=ALLOWED),), default="ask")
     async with CodeExecutor(sandbox=True, approve_shell_cmds=True, working_dir=workdir, policy=policy) as ex:
         yield ex
-
-
-async def attack(ex: CodeExecutor, code: str) -> tuple[list[dict[str, object]], str]:
-    """Run `code`, rejecting whatever is asked; what was asked and the cell's output or error."""
-    asked: list[dict[str, object]] = []
-    text = ""
-    try:
-        async for item in ex.stream(code, timeout=60):
-            if isinstance(item, ApprovalRequest):
-                asked.append(item.tool_args)
-                await item.reject()
-            elif isinstance(item, CodeExecutionResult):
-                text = item.text or ""
-    except CodeExecutionError as exc:
-        text = str(exc)
-    return asked, text
 
 
 PLANT = (

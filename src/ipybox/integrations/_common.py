@@ -22,7 +22,14 @@ from ipybox.app._kernel_output import KeptText
 from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.errors import CodeExecutionError
 
-__all__ = ["Approve", "CellOutcome", "FrameworkVersionError", "check_version", "run_cell"]
+__all__ = [
+    "Approve",
+    "CellOutcome",
+    "FrameworkVersionError",
+    "check_version",
+    "refuse_options_for_a_given_executor",
+    "run_cell",
+]
 
 
 class FrameworkVersionError(ImportError):
@@ -42,6 +49,21 @@ class FrameworkVersionError(ImportError):
         self.distribution = distribution
         self.installed = installed
         self.supported = supported
+
+
+def refuse_options_for_a_given_executor(
+    owner: str, executor: object, policy: object, sandbox: bool, working_dir: object
+) -> None:
+    """Refuse executor options given together with an executor (they apply only to one `owner` makes).
+
+    Raises:
+        ValueError: Naming what to do instead.
+    """
+    if executor is not None and (policy is not None or sandbox or working_dir is not None):
+        raise ValueError(
+            f"{owner} got an executor together with policy, sandbox or working_dir, which only "
+            "apply to an executor it makes: pass them to your CodeExecutor instead."
+        )
 
 
 def check_version(distribution: str, supported: str, extra: str) -> None:

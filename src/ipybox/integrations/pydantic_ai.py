@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ipybox.integrations._common import Approve, check_version, run_cell
+from ipybox.integrations._common import Approve, check_version, refuse_options_for_a_given_executor, run_cell
 
 # The range of the ``pydantic-ai`` extra in pyproject.toml (a test keeps the two the same).
 SUPPORTED = ">=2.60,<3"
@@ -95,11 +95,7 @@ class IpyboxToolset(FunctionToolset[Any]):
         max_output_chars: int = 20_000,
         id: str | None = "ipybox",
     ) -> None:
-        if executor is not None and (policy is not None or sandbox or working_dir is not None):
-            raise ValueError(
-                "IpyboxToolset got an executor together with policy, sandbox or working_dir, which only "
-                "apply to an executor it makes: pass them to your CodeExecutor instead."
-            )
+        refuse_options_for_a_given_executor("IpyboxToolset", executor, policy, sandbox, working_dir)
         super().__init__(sequential=True, id=id, instructions=_INSTRUCTIONS)
         self._given = executor
         self._executor = executor or CodeExecutor(sandbox=sandbox, working_dir=working_dir, policy=policy)

@@ -23,7 +23,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
-from ipybox.integrations._common import Approve, CellOutcome, check_version, run_cell
+from ipybox.integrations._common import (
+    Approve,
+    CellOutcome,
+    check_version,
+    refuse_options_for_a_given_executor,
+    run_cell,
+)
 
 # The range of the ``smolagents`` extra in pyproject.toml (a test keeps the two the same).
 SUPPORTED = ">=1.24,<2"
@@ -116,11 +122,7 @@ class IpyboxExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ships 
         timeout: float = 120,
         max_output_chars: int = 50_000,
     ) -> None:
-        if executor is not None and (policy is not None or sandbox or working_dir is not None):
-            raise ValueError(
-                "IpyboxExecutor got an executor together with policy, sandbox or working_dir, which only "
-                "apply to an executor it makes: pass them to your CodeExecutor instead."
-            )
+        refuse_options_for_a_given_executor("IpyboxExecutor", executor, policy, sandbox, working_dir)
         self._approve = approve
         self._timeout = timeout
         self._max_output_chars = max_output_chars

@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import secrets
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated
 
@@ -85,6 +86,17 @@ def _checked(name: str) -> str:
     return name + SUFFIX
 
 
+@contextlib.contextmanager
+def _folder(workspace: Path) -> Iterator[int]:
+    """A descriptor of the session's snapshots folder (made when missing), closed on leaving."""
+    with Confined(workspace) as root:
+        folder = root.open_dir(SNAPSHOTS_DIR, create=True)
+    try:
+        yield folder
+    finally:
+        os.close(folder)
+
+
 class SnapshotTools:
     """The snapshot tools of one session (a base of `ToolSession`)."""
 
@@ -113,12 +125,8 @@ class SnapshotTools:
         """Save the kernel's state as snapshot `name`."""
         try:
             file = _checked(name)
-            with Confined(self.workspace) as root:
-                folder = root.open_dir(SNAPSHOTS_DIR, create=True)
-            try:
+            with _folder(self.workspace) as folder:
                 report = await self.executor.save_snapshot(file, dir_fd=folder)
-            finally:
-                os.close(folder)
         except (ValueError, IpyboxError, TimeoutError) as exc:
             return _error(f"The snapshot {name!r} was not saved: {exc}")
         return types.CallToolResult(content=[_text(_summary("Saved", name, report))])
@@ -141,13 +149,9 @@ class SnapshotTools:
         """Load snapshot `name` into the kernel."""
         try:
             file = _checked(name)
-            with Confined(self.workspace) as root:
-                folder = root.open_dir(SNAPSHOTS_DIR, create=True)
-            try:
+            with _folder(self.workspace) as folder:
                 self._take_handover(name, file, folder)
                 report = await self.executor.load_snapshot(file, dir_fd=folder)
-            finally:
-                os.close(folder)
         except (ValueError, IpyboxError, TimeoutError) as exc:
             return _error(f"The snapshot {name!r} was not loaded: {exc}")
         return types.CallToolResult(content=[_text(_summary("Loaded", name, report))])
@@ -171,12 +175,8 @@ class SnapshotTools:
         """Snapshot the session before it is closed for idleness; the name, or None if it failed."""
         name = f"idle-{secrets.token_hex(12)}"
         try:
-            with Confined(self.workspace) as root:
-                folder = root.open_dir(SNAPSHOTS_DIR, create=True)
-            try:
+            with _folder(self.workspace) as folder:
                 report = await self.executor.save_snapshot(_checked(name), dir_fd=folder)
-            finally:
-                os.close(folder)
         except (ConfinedPathError, IpyboxError, TimeoutError, OSError, RuntimeError) as exc:
             logger.warning("The idle session's kernel could not be snapshotted: %s", exc)
             return None
