@@ -3,7 +3,7 @@
 It speaks the gateway's plain JSON WebSocket protocol (no ``v1.kernel.websocket.jupyter.org``
 subprotocol, which Enterprise Gateway 3.3's Jupyter Server 1 lacks) and answers nothing on the
 kernel's stdin channel: the benchmark subclasses it to answer comm messages. ipybox's own client is
-``ipybox.app._kernel_client.KernelClient``; its tool calls over stdin are measured by
+``ipybox.app.kernels._client.KernelClient``; its tool calls over stdin are measured by
 benchmarks/stdin_channel.py.
 """
 

@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 
 from ipybox import CodeExecutor, generate_mcp_sources
-from ipybox.app._audit import AuditTrail
-from ipybox.app._gate import Gate
+from ipybox.app.approval._audit import AuditTrail
+from ipybox.app.approval._gate import Gate
 from ipybox.policy import Policy, Rule
 
 ROOT = Path(__file__).resolve().parents[1]

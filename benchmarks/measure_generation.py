@@ -30,8 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ipybox.app._apigen import render_sources
-from ipybox.app._mcp import list_tools
+from ipybox.app.apigen._generate import render_sources
+from ipybox.app.mcp_client._session import list_tools
 from ipybox.mcp_apigen import generate_mcp_sources
 
 HERE = Path(__file__).parent

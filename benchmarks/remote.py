@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx2
 
 from ipybox import CodeExecutor
-from ipybox.app._kernel_spec import KERNEL_ARGS
+from ipybox.app.kernels._spec import KERNEL_ARGS
 from tests.remote_support import KERNEL_NAME, RemoteGateway, remote_gateway
 
 

@@ -27,9 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox._wire import StdinChannel, ToolServerEnv
-from ipybox.app._kernel_client import KernelClient
-from ipybox.app._stdin_tools import StdinToolCalls
-from ipybox.app._tool_server import ToolServer
+from ipybox.app.kernels._client import KernelClient
+from ipybox.app.tools._server import ToolServer
+from ipybox.app.tools._stdin_channel import StdinToolCalls
 from tests.remote_support import gateway_in_netns, kernel_gateway_argv
 
 ROOT = Path(__file__).resolve().parents[1]

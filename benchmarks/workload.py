@@ -153,7 +153,7 @@ async def fig_kernel_floor(args: argparse.Namespace) -> dict[str, Any]:
     """
     from jupyter_client.manager import start_new_async_kernel
 
-    from ipybox.app._kernel_spec import KERNEL_ARGS
+    from ipybox.app.kernels._spec import KERNEL_ARGS
 
     runs = 60 if args.quick else 300
     manager, client = await start_new_async_kernel(kernel_name="python3", extra_arguments=list(KERNEL_ARGS))

@@ -40,6 +40,6 @@ if [ -z "$sandbox" ]; then
     # Without the sandbox the kernel can write everything the container user can: the workspace's
     # .git, editor and agent settings must come in read-only (the check names each one that does
     # not, with the option to add). -I: nothing is imported from the workspace.
-    (cd / && /app/.venv/bin/python -I -m ipybox.app._sandbox._container "$workspace") || exit 1
+    (cd / && /app/.venv/bin/python -I -m ipybox.app.sandbox._container "$workspace") || exit 1
 fi
 exec ipybox --workspace "$workspace" "$@"

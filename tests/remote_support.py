@@ -432,7 +432,7 @@ def remote_gateway_unavailable(kind: str) -> str | None:
 @contextlib.contextmanager
 def remote_gateway(kind: str) -> Iterator[RemoteGateway]:
     """Start a gateway of `kind` in a network namespace, with the suites' kernel specs."""
-    from ipybox.app._kernel_spec import KERNEL_ARGS  # private: the kernel arguments ipybox's own spec uses
+    from ipybox.app.kernels._spec import KERNEL_ARGS  # private: the kernel arguments ipybox's own spec uses
 
     if kind.endswith("-docker"):
         # Kernels in containers, from the image's kernel spec (scripts/test-remote-docker.sh).

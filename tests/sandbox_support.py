@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutionResult, CodeExecutor
-from ipybox.app import _sandbox  # private: where srt is found, to skip with the reason when it is not
+from ipybox.app import (
+    sandbox as _sandbox,
+)  # private: where srt is found, to skip with the reason when it is not
 from ipybox.errors import SandboxUnavailableError
 
 

@@ -17,10 +17,10 @@ import pytest
 
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox._wire import PROMPT_PREFIX
-from ipybox.app import _search_index
-from ipybox.app._oauth_flow import _LoopbackCallback
-from ipybox.app._stdin_tools import StdinToolCalls
-from ipybox.app._tool_server import ToolServer
+from ipybox.app.apigen import _search_index
+from ipybox.app.mcp_client._oauth_flow import _LoopbackCallback
+from ipybox.app.tools._server import ToolServer
+from ipybox.app.tools._stdin_channel import StdinToolCalls
 from ipybox.errors import ToolSearchError
 from ipybox.kernel._search import INDEX_FILE
 from ipybox.mcp_server import _search

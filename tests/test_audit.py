@@ -22,7 +22,7 @@ import pytest
 import pytest_asyncio
 
 from ipybox import ApprovalRequest, CodeExecutionError, CodeExecutor, generate_mcp_sources
-from ipybox.app._audit import AuditTrail, default_audit_path
+from ipybox.app.approval._audit import AuditTrail, default_audit_path
 from ipybox.mcp_server._cli import parse_args
 from ipybox.policy import Policy, Rule
 from tests.conftest import TOOL_SERVER_CLIENT
@@ -307,7 +307,7 @@ async def test_walled_shell_commands_follow_the_policy_and_are_recorded_with_the
 
 
 async def test_an_approval_that_expires_is_recorded_as_decided_by_the_timeout(tmp_path: Path) -> None:
-    from ipybox.app._gate import Gate
+    from ipybox.app.approval._gate import Gate
     from ipybox.tool_exec.approval.client import ApprovalClient
     from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
     from ipybox.tool_exec.server import ToolServer

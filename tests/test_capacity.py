@@ -1,4 +1,4 @@
-"""How many sessions the machine's memory allows (app/_capacity.py)."""
+"""How many sessions the machine's memory allows (app/pool/_capacity.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 # private-ok: unit tests of the internal rule the MCP server and the pool size themselves by.
-from ipybox.app._capacity import MIB, available_memory, max_sessions_for_memory
+from ipybox.app.pool._capacity import MIB, available_memory, max_sessions_for_memory
 
 
 def test_available_memory_is_read_from_meminfo_and_none_where_the_system_does_not_say(tmp_path: Path) -> None:

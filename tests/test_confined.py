@@ -1,8 +1,8 @@
-"""`ipybox.app._confined`: trusted file access inside a folder that hostile code writes at the same time."""
+"""`ipybox.app.sandbox._confined`: trusted file access inside a folder that hostile code writes at the same time."""
 
 from __future__ import annotations
 
-# private-ok: the confined file module (ipybox.app._confined) is internal; its unit tests race it
+# private-ok: the confined file module (ipybox.app.sandbox._confined) is internal; its unit tests race it
 # against a swapping attacker directly, which the public paths only reach one file at a time.
 import ctypes
 import os
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ipybox.app._confined import Confined, ConfinedPathError, TooLargeError, write_new
+from ipybox.app.sandbox._confined import Confined, ConfinedPathError, TooLargeError, write_new
 from ipybox.code_exec import CodeExecutor
 from ipybox.mcp_apigen import generate_mcp_sources
 from tests.conftest import DEMO_SERVER

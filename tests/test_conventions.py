@@ -155,7 +155,7 @@ def _unexplained(path: Path, root: Path = TESTS.parent) -> list[str]:
 def test_the_checker_finds_private_reaches_fixed_sleeps_and_duration_asserts(tmp_path: Path) -> None:
     source = (
         "import time\n"
-        "from ipybox.app._gateway import free_port\n"
+        "from ipybox.app.kernels._gateway import free_port\n"
         "from ipybox.kernel import _tool_client\n"
         "def test(executor, monkeypatch):\n"
         "    start = time.monotonic()\n"

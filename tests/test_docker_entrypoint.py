@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parents[1]
-CHECK = [sys.executable, "-I", "-m", "ipybox.app._sandbox._container"]
+CHECK = [sys.executable, "-I", "-m", "ipybox.app.sandbox._container"]
 
 
 def _check(
@@ -102,7 +102,7 @@ def test_a_workspace_with_its_protected_names_mounted_read_only_passes(tmp_path:
 
 def test_the_entrypoint_runs_the_check_without_sandbox_and_reads_no_settings_from_the_workspace() -> None:
     entrypoint = (ROOT / "docker" / "entrypoint.sh").read_text()
-    assert "python -I -m ipybox.app._sandbox._container" in entrypoint
+    assert "python -I -m ipybox.app.sandbox._container" in entrypoint
     assert '--sandbox-config "$workspace' not in entrypoint
     assert "--sandbox-config /app/config/sandbox-config.json" in entrypoint
 

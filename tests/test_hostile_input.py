@@ -4,7 +4,7 @@ application hold unbounded memory, descriptors or time. Each test also shows the
 
 from __future__ import annotations
 
-# private-ok: the tool server's waits and caps (ipybox.app._tool_http, _mcp_transport) are shortened
+# private-ok: the tool server's waits and caps (ipybox.app.tools._http, _mcp_transport) are shortened
 # so each hostile client's test ends in seconds, and the in-flight budget and the approval channel,
 # which nothing public shows, are checked to be released after an attack.
 import asyncio
@@ -23,8 +23,8 @@ import pytest
 import pytest_asyncio
 
 from ipybox import ApprovalRequest, CodeExecutionResult, CodeExecutor, generate_mcp_sources
-from ipybox.app import _mcp_transport
-from ipybox.app import _tool_http as tool_server_module
+from ipybox.app.mcp_client import _transport as _mcp_transport
+from ipybox.app.tools import _http as tool_server_module
 from ipybox.errors import ApprovalDecisionError, CodeExecutionError
 from ipybox.tool_exec.approval.client import ApprovalClient
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError

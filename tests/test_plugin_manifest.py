@@ -345,7 +345,7 @@ async def test_the_sandbox_launcher_never_reads_settings_from_the_workspace(tmp_
 def test_the_docker_launcher_mounts_every_protected_name_that_ipybox_knows() -> None:
     """The launcher's list of names it mounts read-only is ipybox's own (bash cannot import it)."""
     # private: the protected names are internal to the sandbox; the launcher's copy must match them.
-    from ipybox.app._sandbox._rules import PROTECTED_WORKSPACE_DIRS, PROTECTED_WORKSPACE_FILES
+    from ipybox.app.sandbox._rules import PROTECTED_WORKSPACE_DIRS, PROTECTED_WORKSPACE_FILES
 
     [listed] = re.findall(r"^\s*protected=\((.*)\)$", LAUNCHER.read_text(), re.MULTILINE)
     assert listed.split() == [*PROTECTED_WORKSPACE_DIRS, *PROTECTED_WORKSPACE_FILES]

@@ -20,7 +20,7 @@ from ipybox import (
 )
 
 # Private: the audit trail is read back through its own reader, as `ipybox audit` does.
-from ipybox.app._audit import AuditTrail, default_audit_path
+from ipybox.app.approval._audit import AuditTrail, default_audit_path
 from ipybox.policy import Policy, Rule
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mcp.types import ToolAnnotations
 
-from ipybox.app._shellparse import programs  # private: the shell reader behind the rules, on its own
+from ipybox.app.approval._shellparse import programs  # private: the shell reader behind the rules, on its own
 from ipybox.errors import PolicyError
 from ipybox.policy import Policy, Rule, load_policy
 

@@ -93,7 +93,7 @@ async def test_a_kernel_is_handed_out_once_and_a_reset_takes_a_fresh_one_from_th
 async def test_the_pool_keeps_no_more_ready_kernels_than_the_memory_holds_and_still_serves_executors(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from ipybox.app import _capacity  # private: the machine's memory, as the pool reads it
+    from ipybox.app.pool import _capacity  # private: the machine's memory, as the pool reads it
 
     mib = 1024 * 1024
     # 600 MiB available: the 512 MiB reserve leaves no room for a 128 MiB ready kernel.

@@ -31,9 +31,9 @@ from ipybox import generate_mcp_sources
 # driven directly against a bare remote gateway, below the executor; the attack reads the victim
 # kernel's session and the handler's state to forge and to check.
 from ipybox._wire import PROMPT_PREFIX, StdinChannel, ToolServerEnv
-from ipybox.app._kernel_client import KernelClient
-from ipybox.app._stdin_tools import StdinToolCalls
-from ipybox.app._tool_server import ToolServer
+from ipybox.app.kernels._client import KernelClient
+from ipybox.app.tools._server import ToolServer
+from ipybox.app.tools._stdin_channel import StdinToolCalls
 from ipybox.errors import KernelConnectionError
 from tests.conftest import DEMO_SERVER
 from tests.remote_support import NetnsGateway, gateway

@@ -28,7 +28,7 @@ from ipybox import (
 
 # Private: the sandbox's per-user folder base, default settings and srt lookup, which the attacks
 # aim at or stand in for.
-from ipybox.app import _sandbox
+from ipybox.app import sandbox as _sandbox
 from ipybox.errors import SandboxUnavailableError
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from ipybox import CodeExecutionError, CodeExecutor
-from ipybox.app._sandbox import find_srt  # private: the real srt, for a wrapper around it
+from ipybox.app.sandbox import find_srt  # private: the real srt, for a wrapper around it
 from ipybox.kernel_mgr.client import KernelClient
 from ipybox.kernel_mgr.server import KernelGateway
 from tests.conftest import command_line

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ipybox import CodeExecutionError, CodeExecutor, generate_mcp_sources
-from ipybox.app import _sandbox  # private: the srt that sandboxed MCP servers run under
+from ipybox.app import sandbox as _sandbox  # private: the srt that sandboxed MCP servers run under
 from tests.net_support import host_of, npm_registry_url
 from tests.sandbox_support import require_sandbox
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ipybox.app._shell import ShellProgramError, ShellRunner  # private: the runner's program lookup
-from ipybox.app._shellproof import proven_commands  # private: the positive reader on its own
+from ipybox.app.approval._shellproof import proven_commands  # private: the positive reader on its own
+from ipybox.app.sandbox._shell import ShellProgramError, ShellRunner  # private: the runner's program lookup
 from ipybox.policy import Policy, Rule, load_policy
 
 LS = Policy((Rule("allow", program=["ls", "echo", "cat", "git", "printf", "find", "env"]),), default="ask")

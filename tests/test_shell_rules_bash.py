@@ -27,8 +27,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ipybox.app._shellparse import programs as shell_programs  # private: the deny rules' reader
-from ipybox.app._shellproof import proven_commands  # private: the reader the property is about
+from ipybox.app.approval._shellparse import programs as shell_programs  # private: the deny rules' reader
+from ipybox.app.approval._shellproof import proven_commands  # private: the reader the property is about
 from ipybox.policy import Policy, Rule
 
 # A bounded number of cases, each a few process starts: minutes only on a machine loaded many times over.

@@ -27,7 +27,7 @@ from ipybox import (
 
 # private-ok: the channel's wire constants and its cap are internal; the attacks are sized by them.
 from ipybox._wire import MAX_MESSAGE_CHARS, PROMPT_PREFIX, ToolServerEnv
-from ipybox.app._stdin_tools import MAX_CALLS_IN_FLIGHT
+from ipybox.app.tools._stdin_channel import MAX_CALLS_IN_FLIGHT
 from ipybox.errors import ApprovalDecisionError
 from tests.conftest import DEMO_SERVER
 

@@ -23,10 +23,10 @@ from ipybox._wire import (
     ToolServerEnv,
     ToolServerPaths,
 )
-from ipybox.app._shell import ShellResult, _ShellRequest
-from ipybox.app._stdin_tools import _Call, _Request
-from ipybox.app._tool_calls import _RunRequest
-from ipybox.app._tool_http import _error
+from ipybox.app.sandbox._shell import ShellResult, _ShellRequest
+from ipybox.app.tools._calls import _RunRequest
+from ipybox.app.tools._http import _error
+from ipybox.app.tools._stdin_channel import _Call, _Request
 from ipybox.errors import ToolCallOutcome
 from ipybox.gateway._limits import KernelLimits
 from ipybox.kernel import _calls

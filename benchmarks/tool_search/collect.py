@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ipybox.app._mcp import list_tools
+from ipybox.app.mcp_client._session import list_tools
 
 HERE = Path(__file__).parent
 

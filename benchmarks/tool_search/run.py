@@ -30,8 +30,8 @@ from typing import Any
 
 from mcp.types import Tool
 
-from ipybox.app import _codegen
-from ipybox.app._search_index import build_index, catalogue
+from ipybox.app.apigen import _codegen
+from ipybox.app.apigen._search_index import build_index, catalogue
 from ipybox.kernel._search import INDEX_FILE, search_tools, words
 
 HERE = Path(__file__).parent

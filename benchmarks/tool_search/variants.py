@@ -36,7 +36,7 @@ def dump(target: Path) -> None:
     sys.path.insert(0, str(HERE))
     import run
 
-    from ipybox.app._search_index import build_index
+    from ipybox.app.apigen._search_index import build_index
     from ipybox.kernel._meaning import meaning_words
     from ipybox.kernel._search import INDEX_FILE, _prepare, search_tools, words
 

@@ -17,12 +17,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ipybox.app._apigen import generate_mcp_sources
-    from ipybox.app._approval_client import ApprovalRequest
-    from ipybox.app._executor import CodeExecutor
-    from ipybox.app._pool import KernelPool
-    from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
-    from ipybox.app._snapshot import SnapshotReport
+    from ipybox.app.apigen._generate import generate_mcp_sources
+    from ipybox.app.approval._client import ApprovalRequest
+    from ipybox.app.executor._executor import CodeExecutor
+    from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
+    from ipybox.app.executor._snapshot import SnapshotReport
+    from ipybox.app.pool._pool import KernelPool
     from ipybox.errors import CodeExecutionError
 
 __all__ = [
@@ -37,14 +37,14 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "ApprovalRequest": "ipybox.app._approval_client",
-    "CodeExecutionChunk": "ipybox.app._results",
+    "ApprovalRequest": "ipybox.app.approval._client",
+    "CodeExecutionChunk": "ipybox.app.executor._results",
     "CodeExecutionError": "ipybox.errors",
-    "CodeExecutionResult": "ipybox.app._results",
-    "CodeExecutor": "ipybox.app._executor",
-    "KernelPool": "ipybox.app._pool",
-    "SnapshotReport": "ipybox.app._snapshot",
-    "generate_mcp_sources": "ipybox.app._apigen",
+    "CodeExecutionResult": "ipybox.app.executor._results",
+    "CodeExecutor": "ipybox.app.executor._executor",
+    "KernelPool": "ipybox.app.pool._pool",
+    "SnapshotReport": "ipybox.app.executor._snapshot",
+    "generate_mcp_sources": "ipybox.app.apigen._generate",
 }
 
 

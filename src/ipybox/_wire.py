@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Final
 class ToolServerEnv:
     """Where a kernel's tool calls go.
 
-    Written by the application (``app/_executor.py``) into the kernel's environment; read by the
+    Written by the application (``app/executor/_executor.py``) into the kernel's environment; read by the
     kernel (``kernel/_tool_client.py``). `proxy` is set by whoever starts a kernel that reaches
     the tool server only through an HTTP proxy.
     """
@@ -68,7 +68,7 @@ class ToolServerEnv:
 class KernelEnv:
     """What the kernel extension does at start; a flag is on when its value is ``"1"``.
 
-    Written by the application (``app/_executor.py``, ``app/_gateway.py``) into the kernel's
+    Written by the application (``app/executor/_executor.py``, ``app/kernels/_gateway.py``) into the kernel's
     environment; read, and removed from it, by the kernel extension (``kernel/_ext.py``).
     """
 
@@ -84,7 +84,7 @@ class KernelEnv:
 class PoolEnv:
     """What a pool's sandboxed kernel's launcher (``gateway/_kernel_launch.py``, which keeps the
     names as literals: a test checks them) reads from the kernel's own environment, written by the
-    pool (``app/_pool_places.py``) into the request that creates the kernel."""
+    pool (``app/pool/_places.py``) into the request that creates the kernel."""
 
     SETTINGS: Final = "IPYBOX_KERNEL_SETTINGS"
     """The srt settings of the kernel's working directory, when it is not the gateway's."""
@@ -93,7 +93,7 @@ class PoolEnv:
 class GatewayEnv:
     """How the kernel gateway process runs.
 
-    Written by the application (``app/_gateway.py``, and ``gateway/_limits.py`` as imported
+    Written by the application (``app/kernels/_gateway.py``, and ``gateway/_limits.py`` as imported
     there) into the gateway's environment; read by the gateway (``gateway/_main.py``).
     """
 
@@ -105,7 +105,7 @@ class GatewayEnv:
 class McpServerEnv:
     """Marks the MCP server processes of one session so their leftovers can be found.
 
-    Written by the application (``app/_mcp.py``) into each MCP server's environment; read back by
+    Written by the application (``app/mcp_client/_session.py``) into each MCP server's environment; read back by
     the application from the processes it finds.
     """
 
@@ -116,9 +116,9 @@ class UserEnv:
     """Settings the user gives; read by the application or the ``ipybox`` MCP server."""
 
     STATE_DIR: Final = "IPYBOX_STATE_DIR"
-    """Where the server registry lives (``app/_registry.py``)."""
+    """Where the server registry lives (``app/mcp_client/_registry.py``)."""
     SRT: Final = "IPYBOX_SRT"
-    """The sandbox runtime to use (``app/_sandbox/_srt.py``)."""
+    """The sandbox runtime to use (``app/sandbox/_srt.py``)."""
     MCP_TOKEN: Final = "IPYBOX_MCP_TOKEN"
     """The bearer token of the MCP server's HTTP transport (``mcp_server/_http.py``)."""
     KERNEL_GATEWAY_TOKEN: Final = "IPYBOX_KERNEL_GATEWAY_TOKEN"
@@ -129,7 +129,7 @@ class RunFields:
     """The field names of a ``POST /run`` body.
 
     Built by the kernel (``kernel/_calls.py``); validated by the tool server
-    (``app/_tool_server.py``), whose model has these fields.
+    (``app/tools/_server.py``), whose model has these fields.
     """
 
     SERVER_NAME: ClassVar[str] = "server_name"
@@ -151,7 +151,7 @@ def run_head(server_name: str, server_params: dict[str, Any] | None) -> dict[str
 
 
 class ToolServerPaths:
-    """The tool server's endpoints that a kernel calls (``app/_tool_server.py`` serves them)."""
+    """The tool server's endpoints that a kernel calls (``app/tools/_server.py`` serves them)."""
 
     RUN: Final = "/run"
     APPROVE: Final = "/approve"
@@ -162,7 +162,7 @@ class ToolServerPaths:
 class AnswerFields:
     """The field names of the tool server's JSON answers to ``/run``, ``/approve`` and errors.
 
-    Written by the tool server (``app/_tool_server.py``); read by the kernel
+    Written by the tool server (``app/tools/_server.py``); read by the kernel
     (``kernel/_calls.py``). An error answers ``{ERROR: {KIND: <outcome kind>, MESSAGE: ...}}``.
     """
 
@@ -185,7 +185,7 @@ class ShellFields:
     """The field names of a ``POST /shell`` body, and its two kinds.
 
     Built by the kernel (``kernel/_calls.py``); validated by the tool server
-    (``app/_tool_server.py``), whose model has these fields.
+    (``app/tools/_server.py``), whose model has these fields.
     """
 
     KIND: ClassVar[str] = "kind"
@@ -221,7 +221,7 @@ ASK_ONLY_RULE: Final = (
 class ShellAnswerFields:
     """The field names of the tool server's answer to ``POST /shell``.
 
-    Written by the tool server (``app/_tool_server.py``); read by the kernel extension
+    Written by the tool server (``app/tools/_server.py``); read by the kernel extension
     (``kernel/_ext.py``).
     """
 
@@ -239,7 +239,7 @@ class StdinChannel:
 
     The kernel (``kernel/_stdin.py``) asks with ``input(PROMPT_PREFIX + request)``: ipykernel sends an
     ``input_request`` to the client that runs the cell, and its ``input_reply`` carries the answer,
-    mid-cell. The application (``app/_stdin_tools.py``) parses the request strictly and runs each call
+    mid-cell. The application (``app/tools/_stdin_channel.py``) parses the request strictly and runs each call
     through the tool server's ``/run`` path. ipykernel pairs a reply with whichever request waits, so
     one request is in flight per kernel: a request starts every call queued meanwhile and hands back
     the results that are ready (long-polling when none is).

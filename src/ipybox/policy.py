@@ -2,9 +2,9 @@
 
 ``CodeExecutor(policy=Policy(...))`` evaluates the rules in the tool server before anything
 reaches the application's approval; ``ipybox --policy FILE`` reads them from a TOML file
-(`load_policy`). See ``ipybox.app._policy`` for how rules match.
+(`load_policy`). See ``ipybox.app.approval._policy`` for how rules match.
 """
 
-from ipybox.app._policy import Policy, Rule, Verdict, load_policy
+from ipybox.app.approval._policy import Policy, Rule, Verdict, load_policy
 
 __all__ = ["Policy", "Rule", "Verdict", "load_policy"]

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 # Private: the stripper is fed chunk boundaries no real kernel can be made to produce on demand.
-from ipybox.app._kernel_output import AnsiStripper
+from ipybox.app.kernels._output import AnsiStripper
 
 
 @given(st.lists(st.integers(min_value=0, max_value=60), max_size=6))
@@ -22,7 +22,7 @@ def test_kept_text_is_whole_up_to_its_limit_and_else_its_head_and_tail() -> None
     import random
 
     # Private: the kept text is fed sizes and chunkings a real kernel cannot be made to produce.
-    from ipybox.app._kernel_output import KeptText
+    from ipybox.app.kernels._output import KeptText
 
     rng = random.Random(7)
     for _ in range(300):

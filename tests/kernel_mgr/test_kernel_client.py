@@ -148,7 +148,8 @@ async def test_concurrent_executions_on_one_client_run_in_turn(client: KernelCli
 
 
 async def test_connecting_to_a_missing_gateway_fails_clearly() -> None:
-    from ipybox.app._gateway import free_port  # private: a port that nobody listens on, the gateway's way
+    # private: a port that nobody listens on, the gateway's way
+    from ipybox.app.kernels._gateway import free_port
 
     client = KernelClient(port=free_port())
     with pytest.raises(KernelConnectionError, match="Is the gateway running"):

@@ -69,7 +69,7 @@ async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Private: the race for the picked port is forced by patching the gateway's port picker.
-    import ipybox.app._gateway as server
+    import ipybox.app.kernels._gateway as server
 
     with socket.socket() as squatter:  # another process wins the race for the picked port
         squatter.bind(("localhost", 0))

@@ -10,7 +10,7 @@ generated code may import, import cleanly, carry the texts unchanged, and leave 
 
 from __future__ import annotations
 
-# private-ok: the code generator's renderer (ipybox.app._apigen, _codegen) gets hostile schemas
+# private-ok: the code generator's renderer (ipybox.app.apigen._generate, _codegen) gets hostile schemas
 # directly, thousands per run; generate_mcp_sources runs it against real MCP servers elsewhere.
 import ast
 import inspect
@@ -27,8 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp.types import Tool
 
-from ipybox.app._apigen import render_sources
-from ipybox.app._codegen import docstring
+from ipybox.app.apigen._codegen import docstring
+from ipybox.app.apigen._generate import render_sources
 from tests.mcp_apigen.apigen_support import check_source, import_module, importable, write_sources
 
 CANARY = Path(tempfile.mkdtemp(prefix="ipybox-canary-")) / "CANARY"

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 # private: the generator itself, many threads at once, without servers to start
-from ipybox.app._apigen import render_sources
+from ipybox.app.apigen._generate import render_sources
 from tests.mcp_apigen.apigen_support import tool
 
 

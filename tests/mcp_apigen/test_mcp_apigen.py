@@ -7,7 +7,7 @@ servers started as subprocesses (tests/mcp_apigen/tools_server.py serves any too
 
 from __future__ import annotations
 
-# private-ok: schema-to-code cases go through the renderer and the name rules (ipybox.app._apigen,
+# private-ok: schema-to-code cases go through the renderer and the name rules (ipybox.app.apigen._generate,
 # _codegen) on `Tool` values; the public generate_mcp_sources is tested against real servers.
 import inspect
 import json
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from ipybox.app._apigen import render_sources
-from ipybox.app._codegen import module_name, module_names
+from ipybox.app.apigen._codegen import module_name, module_names
+from ipybox.app.apigen._generate import render_sources
 from ipybox.errors import MCPServerError, ServerParamsError
 from ipybox.mcp_apigen import generate_mcp_sources
 from ipybox.tool_exec.server import ServerRegistry

@@ -20,8 +20,8 @@ import pytest_asyncio
 from mcp.client import Client
 
 from ipybox import CodeExecutor
-from ipybox.app._approval_client import ApprovalRequest
-from ipybox.app._audit import AuditRecord, AuditTrail
+from ipybox.app.approval._audit import AuditRecord, AuditTrail
+from ipybox.app.approval._client import ApprovalRequest
 from tests.conftest import DEMO_SERVER, TOOL_SERVER_CLIENT
 from tests.mcp_server.support import connected, own_state, run, stdio_params, text_of
 from tests.mcp_server.test_approve_tool_calls import Person

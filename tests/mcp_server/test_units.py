@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from ipybox.app import _sandbox
+from ipybox.app import sandbox as _sandbox
 from ipybox.mcp_server import _files, _http, _install, _output
 from ipybox.mcp_server._http import SessionTable, allowed_hosts
 from ipybox.mcp_server._install import Installer, InstallError, packages_dir

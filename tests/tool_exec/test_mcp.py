@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 # Private: MCP sessions and server parameters are internal; they are tested here on real servers.
-from ipybox.app._mcp import MCPSession, list_tools
-from ipybox.app._params import HttpParams, StdioParams, resolve_params
+from ipybox.app.mcp_client._params import HttpParams, StdioParams, resolve_params
+from ipybox.app.mcp_client._session import MCPSession, list_tools
 from ipybox.errors import MCPServerError, ServerParamsError
 from tests.conftest import DEMO_SERVER
 from tests.tool_exec.tool_exec_support import descendants, pid_alive, wait_until

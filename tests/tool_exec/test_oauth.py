@@ -25,9 +25,9 @@ from ipybox import CodeExecutionError, CodeExecutor, generate_mcp_sources
 
 # Private: the OAuth store, MCP session and parameter resolution are internal; they are driven
 # directly against a real OAuth server.
-from ipybox.app import _oauth
-from ipybox.app._mcp import MCPSession
-from ipybox.app._params import resolve_params
+from ipybox.app.mcp_client import _oauth
+from ipybox.app.mcp_client._params import resolve_params
+from ipybox.app.mcp_client._session import MCPSession
 from ipybox.errors import AuthorizationError, MCPServerError, ServerParamsError
 from tests.sandbox_support import require_sandbox
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 # Private: parameter resolution and confinement are internal; they are tested directly.
-from ipybox.app._params import StdioParams, confine, resolve_params
+from ipybox.app.mcp_client._params import StdioParams, confine, resolve_params
 from ipybox.errors import ServerParamsError
 from tests.sandbox_support import require_sandbox
 

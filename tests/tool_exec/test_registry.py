@@ -14,7 +14,7 @@ import pytest
 
 # Private: default_registry_path is internal (ServerRegistry and default_registry are public in
 # ipybox.tool_exec.server).
-from ipybox.app._registry import ServerRegistry, default_registry, default_registry_path
+from ipybox.app.mcp_client._registry import ServerRegistry, default_registry, default_registry_path
 from ipybox.mcp_apigen import generate_mcp_sources
 from ipybox.tool_exec.client import ToolRunner
 from ipybox.tool_exec.server import ToolServer
@@ -66,7 +66,7 @@ def test_a_registration_by_another_process_is_found() -> None:
     registry.register("first", {"command": "a"})
     assert registry.lookup("second") is None
     code = (
-        "from ipybox.app._registry import default_registry\n"
+        "from ipybox.app.mcp_client._registry import default_registry\n"
         "default_registry().register('second', {'command': 'b'})\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())

@@ -27,7 +27,7 @@ from websockets.exceptions import InvalidStatus
 
 # Private: the kernel-side client's cached runners are closed after a test (no public way); the
 # registry names are public in ipybox.tool_exec.server too.
-from ipybox.app._registry import ServerRegistry, default_registry
+from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
 from ipybox.kernel import _tool_client as client_module
 from ipybox.tool_exec.approval.client import ApprovalClient, ApprovalRequest
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError, run_tool
@@ -142,7 +142,7 @@ async def test_s1_a_server_registered_by_another_process_is_found(
 ) -> None:
     code = (
         "import sys\n"
-        "from ipybox.app._registry import default_registry\n"
+        "from ipybox.app.mcp_client._registry import default_registry\n"
         "default_registry().register('late', {'command': sys.executable, 'args': [sys.argv[1]]})\n"
     )
     demo = DEMO_SERVER

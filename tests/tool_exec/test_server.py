@@ -18,7 +18,7 @@ import pytest
 from pydantic import BaseModel
 
 # Private: the same function is public as ipybox.tool_exec.server.default_registry.
-from ipybox.app._registry import default_registry
+from ipybox.app.mcp_client._registry import default_registry
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer
 from tests.conftest import DEMO_SERVER

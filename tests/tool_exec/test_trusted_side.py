@@ -187,7 +187,7 @@ def installation() -> tuple[list[Path], Path]:
     import ipybox
 
     # Private: where srt is installed, one of the three folders looked for.
-    from ipybox.app import _sandbox
+    from ipybox.app import sandbox as _sandbox
 
     targets = [Path(sys.prefix), Path(ipybox.__file__).parent, Path(_sandbox.find_srt()).resolve().parent]
     common = targets[0]

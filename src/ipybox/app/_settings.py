@@ -16,8 +16,8 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from ipybox._wire import KernelEnv
-from ipybox.app._gateway import gateway_log_level
-from ipybox.app._tool_server import DEFAULT_MAX_RESULT_SIZE
+from ipybox.app.kernels._gateway import gateway_log_level
+from ipybox.app.tools._server import DEFAULT_MAX_RESULT_SIZE
 from ipybox.gateway import _limits
 
 __all__ = ["DEFAULT_WARM_IMPORTS", "ExecutorSettings"]

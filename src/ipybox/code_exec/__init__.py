@@ -1,9 +1,9 @@
 """The code executor: `CodeExecutor`, its results and chunks.
 
-A public import path; the code lives in ``ipybox.app._executor``.
+A public import path; the code lives in ``ipybox.app.executor._executor``.
 """
 
-from ipybox.app._executor import (
+from ipybox.app.executor._executor import (
     CodeExecutionChunk,
     CodeExecutionError,
     CodeExecutionResult,

@@ -5,7 +5,7 @@ and makes the kernel spec start every kernel through this file run as a script (
 library only, ``python -I -S``: it adds a few ms per kernel start), which applies them to itself and then
 executes the kernel's command (srt's, when sandboxed), so they hold for all its descendants.
 The file lives in ``ipybox.gateway`` with that script half, which the gateway's kernel spec runs
-outside the sandbox; the application imports the deciding half (``ipybox.app._gateway``).
+outside the sandbox; the application imports the deciding half (``ipybox.app.kernels._gateway``).
 
 How, measured on Linux:
 

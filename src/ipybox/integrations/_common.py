@@ -16,10 +16,10 @@ import anyio
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ipybox.app._approval_client import ApprovalRequest
-from ipybox.app._executor import CodeExecutor
-from ipybox.app._kernel_output import KeptText
-from ipybox.app._results import CodeExecutionChunk, CodeExecutionResult
+from ipybox.app.approval._client import ApprovalRequest
+from ipybox.app.executor._executor import CodeExecutor
+from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
+from ipybox.app.kernels._output import KeptText
 from ipybox.errors import CodeExecutionError
 
 __all__ = [

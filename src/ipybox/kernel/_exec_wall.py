@@ -15,7 +15,7 @@ then runs ``ipykernel_launcher``. Once installed:
 Neither can be removed, and every thread and child inherits both: ``fork`` still works, a new
 program does not. Used by a sandboxed kernel whose shell commands need approval: the approved
 ones run outside the kernel, on the tool server, in a sandbox of their own
-(``ipybox.app._shell``).
+(``ipybox.app.sandbox._shell``).
 """
 
 from __future__ import annotations

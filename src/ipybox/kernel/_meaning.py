@@ -1,7 +1,7 @@
 """The tool search by meaning, on the query side (standard library only).
 
 The index holds, besides the BM25 postings, a ``dense`` section built by the application from
-WordLlama's static embeddings (`ipybox.app._embedding`): one vector per word (every lower-case
+WordLlama's static embeddings (`ipybox.app.apigen._embedding`): one vector per word (every lower-case
 English word the model's tokenizer knows whole, and every word of the tools' texts) and one unit
 vector per tool, each as base64 of signed bytes. A query's vector is the sum of its words'
 vectors, exactly as the model would embed it, and a tool's closeness is the cosine of the two;

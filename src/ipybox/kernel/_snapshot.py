@@ -1,7 +1,7 @@
 """Saving and loading the kernel's namespace: the only place a snapshot's pickles are made or read.
 
 Runs in the kernel (untrusted), standard library only. The application calls these functions from
-silent cells (`ipybox.app._snapshot`) and reads back a JSON report; it checks the file's frame
+silent cells (`ipybox.app.executor._snapshot`) and reads back a JSON report; it checks the file's frame
 (`ipybox.kernel._snapshot_format`) but never unpickles it. Loading a snapshot therefore runs in the
 kernel whatever the snapshot's pickles do, with the kernel's rights (sandboxed when it is): no more
 than a cell could do.

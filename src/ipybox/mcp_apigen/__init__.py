@@ -1,9 +1,9 @@
 """Python API generation for MCP servers: `generate_mcp_sources`.
 
-A public import path; the code lives in ``ipybox.app._apigen``.
+A public import path; the code lives in ``ipybox.app.apigen._generate``.
 """
 
-from ipybox.app._apigen import (
+from ipybox.app.apigen._generate import (
     generate_mcp_sources,
 )
 

@@ -49,7 +49,7 @@ def parse_auth_args(argv: list[str]) -> argparse.Namespace:
 
 def auth_main(argv: list[str]) -> None:
     """Run ``ipybox auth ...``; exits with 1 and a message on stderr when it fails."""
-    from ipybox.app import _oauth
+    from ipybox.app.mcp_client import _oauth
 
     args = parse_auth_args(argv)
     if args.command == "list":
@@ -81,7 +81,7 @@ def auth_main(argv: list[str]) -> None:
 
 
 def _login_params(args: argparse.Namespace) -> dict[str, Any]:
-    from ipybox.app._registry import default_registry
+    from ipybox.app.mcp_client._registry import default_registry
 
     if args.url is not None:
         oauth: dict[str, Any] = {"scope": args.scope} if args.scope else {}
@@ -106,7 +106,7 @@ async def _open_in_browser(server_name: str, authorization_url: str) -> None:
 def refuse_browser_step() -> None:
     """Make a server's first use fail with what to run, instead of waiting on a URL in the MCP
     server's stderr (which the person at the MCP client does not see)."""
-    from ipybox.app import _oauth
+    from ipybox.app.mcp_client import _oauth
 
     async def refuse(server_name: str, authorization_url: str) -> str | None:
         raise AuthorizationError(

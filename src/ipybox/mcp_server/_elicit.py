@@ -35,10 +35,10 @@ import mcp_types as types
 from mcp.server import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from ipybox.app._approval_client import ApprovalRequest, shown_name
-from ipybox.app._approval_server import Decider
-from ipybox.app._executor import CodeExecutionChunk, CodeExecutionResult
-from ipybox.app._kernel_output import KeptText
+from ipybox.app.approval._client import ApprovalRequest, shown_name
+from ipybox.app.approval._server import Decider
+from ipybox.app.executor._executor import CodeExecutionChunk, CodeExecutionResult
+from ipybox.app.kernels._output import KeptText
 from ipybox.errors import ApprovalError, CodeExecutionError
 from ipybox.mcp_server._question import MAX_CALL_CHARS, question
 

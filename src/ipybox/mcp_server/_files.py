@@ -1,4 +1,4 @@
-"""Files in and out of the workspace for the MCP server's tools, through `ipybox.app._confined`."""
+"""Files in and out of the workspace for the MCP server's tools, through `ipybox.app.sandbox._confined`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ipybox.app._confined import Confined, ConfinedPathError, TooLargeError, check_unprotected, relative_parts
-from ipybox.app._registry import default_registry_path
+from ipybox.app.mcp_client._registry import default_registry_path
+from ipybox.app.sandbox._confined import (
+    Confined,
+    ConfinedPathError,
+    TooLargeError,
+    check_unprotected,
+    relative_parts,
+)
 
 MAX_FILE_BYTES = 20 * 1024 * 1024
 
@@ -110,7 +116,7 @@ def write(
     """Decode `content_base64` and write it to `relative` in the workspace; the number of bytes written.
 
     Parent folders are created; an existing file is replaced (atomically, never written in
-    place). Protected names (`ipybox.app._confined.PROTECTED_NAMES`, the registry) are refused.
+    place). Protected names (`ipybox.app.sandbox._confined.PROTECTED_NAMES`, the registry) are refused.
 
     Raises:
         WorkspacePathError: If the path is refused, the content is not base64, or it is larger

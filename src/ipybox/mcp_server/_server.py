@@ -18,10 +18,10 @@ from dotenv import dotenv_values
 from mcp.server import Server, ServerRequestContext
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from ipybox.app._confined import Confined, ConfinedPathError
-from ipybox.app._executor import CodeExecutor
-from ipybox.app._policy import Policy
-from ipybox.app._pool import KernelPool
+from ipybox.app.approval._policy import Policy
+from ipybox.app.executor._executor import CodeExecutor
+from ipybox.app.pool._pool import KernelPool
+from ipybox.app.sandbox._confined import Confined, ConfinedPathError
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
 from ipybox.mcp_server._cell_answers import Progress
@@ -226,7 +226,7 @@ class Settings:
         file tools too."""
         if self.sandbox_config is None:
             return _files.Rules()
-        from ipybox.app._sandbox import load_config
+        from ipybox.app.sandbox import load_config
 
         return _files.Rules.from_sandbox_config(folder or self.workspace, load_config(self.sandbox_config))
 

@@ -1,10 +1,10 @@
 """The application's client of one kernel: `KernelClient`, `ExecutionResult`.
 
-A public import path; the code lives in ``ipybox.app._kernel_client`` (`ExecutionResult` in
-``ipybox.app._kernel_output``).
+A public import path; the code lives in ``ipybox.app.kernels._client`` (`ExecutionResult` in
+``ipybox.app.kernels._output``).
 """
 
-from ipybox.app._kernel_client import (
+from ipybox.app.kernels._client import (
     ExecutionError,
     ExecutionResult,
     KernelClient,

@@ -1,9 +1,9 @@
 """The kernel gateway manager: `KernelGateway` starts and stops a Jupyter Kernel Gateway.
 
-A public import path; the code lives in ``ipybox.app._gateway``.
+A public import path; the code lives in ``ipybox.app.kernels._gateway``.
 """
 
-from ipybox.app._gateway import (
+from ipybox.app.kernels._gateway import (
     KernelGateway,
 )
 

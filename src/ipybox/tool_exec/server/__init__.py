@@ -1,12 +1,12 @@
 """The tool server: `ToolServer` runs MCP tools for code in the kernel, after approval.
 
 `ServerRegistry` is the trusted registry of the MCP servers it may run, and `default_registry`
-gives this user's. A public import path; the code lives in ``ipybox.app._tool_server`` and
-``ipybox.app._registry``.
+gives this user's. A public import path; the code lives in ``ipybox.app.tools._server`` and
+``ipybox.app.mcp_client._registry``.
 """
 
-from ipybox.app._registry import ServerRegistry, default_registry
-from ipybox.app._tool_server import (
+from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
+from ipybox.app.tools._server import (
     DEFAULT_MAX_INFLIGHT_SIZE,
     DEFAULT_MAX_REQUEST_SIZE,
     DEFAULT_MAX_RESULT_SIZE,

@@ -1,9 +1,9 @@
 """The application's side of the approval channel: `ApprovalClient`, `ApprovalRequest`.
 
-A public import path; the code lives in ``ipybox.app._approval_client``.
+A public import path; the code lives in ``ipybox.app.approval._client``.
 """
 
-from ipybox.app._approval_client import (
+from ipybox.app.approval._client import (
     ApprovalCallback,
     ApprovalClient,
     ApprovalRequest,

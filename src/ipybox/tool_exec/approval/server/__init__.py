@@ -1,9 +1,9 @@
 """The tool server's side of the approval channel: `ApprovalChannel`.
 
-A public import path; the code lives in ``ipybox.app._approval_server``.
+A public import path; the code lives in ``ipybox.app.approval._server``.
 """
 
-from ipybox.app._approval_server import (
+from ipybox.app.approval._server import (
     ApprovalChannel,
     ApprovalClientDisconnected,
     NoApprovalClientError,

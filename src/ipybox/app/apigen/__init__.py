@@ -1,0 +1,1 @@
+"""The apigen subsystem of the application side."""

@@ -1,0 +1,233 @@
+"""Rendering: the compiled classes of a tool to the source of its module and package."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ipybox.app.apigen._codegen._names import (
+    AST_LOCK,
+    SchemaError,
+    _field_name,
+    _first_line,
+    docstring,
+    str_literal,
+)
+from ipybox.app.apigen._codegen._schema import _Class, _Compiler, _Field, _Module
+
+
+def _render_class(cls: _Class, reserved: set[str]) -> str:
+    lines = [f"class {cls.name}(_Model):"]
+    if cls.doc:
+        lines.append(f"    {docstring(cls.doc, '    ')}")
+    if cls.extra == "forbid":
+        lines.append("    model_config = ConfigDict(extra='forbid')")
+    used: set[str] = set()
+    for item in cls.fields:
+        name = _unique_field_name(item.key, used, reserved)
+        used.add(name)
+        lines.append(_field_line(name, item))
+    if len(lines) == 1:
+        lines.append("    pass")
+    return "\n".join(lines)
+
+
+def _unique_field_name(key: str, used: set[str], reserved: set[str]) -> str:
+    """The attribute name of property `key`: a valid identifier, neither reserved nor used yet."""
+    base = _field_name(key)
+    if base in reserved:
+        base += "_"
+    name, suffix = base, 2
+    while name in used or name in reserved:
+        name, suffix = f"{base}_{suffix}", suffix + 1
+    return name
+
+
+def _field_line(name: str, item: _Field) -> str:
+    """The class body line that declares field `item` as attribute `name`."""
+    arguments: list[str] = []
+    if not item.required:
+        arguments.append(item.default or "None")
+    if name != item.key:
+        arguments.append(f"alias={str_literal(item.key)}")
+    if item.description is not None:
+        arguments.append(f"description={str_literal(item.description)}")
+    if item.required and not arguments:
+        return f"    {name}: {item.annotation}"
+    if not item.required and len(arguments) == 1:
+        return f"    {name}: {item.annotation} = {arguments[0]}"
+    return f"    {name}: {item.annotation} = Field({', '.join(arguments)})"
+
+
+_HEADER = """from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ipybox.tool_exec.client import ToolContent, arun_tool, arun_tool_content, run_tool, run_tool_content
+
+
+class _Model(BaseModel):
+    # defer_build: a model is compiled when first used, so importing a module costs little
+    # and forward references (recursive schemas) resolve without model_rebuild().
+    model_config = ConfigDict(
+        defer_build=True,
+        extra='allow',
+        validate_by_name=True,
+        validate_by_alias=True,
+        protected_namespaces=(),
+        regex_engine='python-re',
+    )
+
+
+def _arguments(params: Any, model: type[BaseModel], function: str) -> dict[str, Any]:
+    __tracebackhide__ = True
+    if isinstance(params, dict):
+        params = model.model_validate(params)
+    elif not isinstance(params, model):
+        raise TypeError(
+            f"{function}() takes a {model.__module__}.Params, or a dict of its fields, not "
+            f"{type(params).__name__}: call it as {function}(Params(...))."
+        )
+    return params.model_dump(mode='json', by_alias=True, exclude_none=True)
+"""
+
+
+def render_tool_module(
+    server_name: str,
+    tool_name: str,
+    description: str | None,
+    input_schema: Any,
+    output_schema: Any,
+    title: str | None = None,
+) -> str:
+    """Python source of the module for one tool.
+
+    Args:
+        server_name: The package name (a valid identifier), passed to ``run_tool``.
+        tool_name: The tool's name on the MCP server.
+        description: The tool's description (``run``'s docstring).
+        input_schema: The tool's input schema (``Params``).
+        output_schema: The tool's output schema (``Result``), or ``None`` when ``run`` returns ``str``.
+        title: The tool's human-readable title, if any.
+
+    Returns:
+        The module's source code (checked with ``ast.parse``).
+
+    Raises:
+        SchemaError: A schema cannot be compiled.
+    """
+    if not isinstance(input_schema, Mapping):
+        raise SchemaError("inputSchema must be a JSON Schema object")
+    if output_schema is not None and not isinstance(output_schema, Mapping):
+        raise SchemaError("outputSchema must be a JSON Schema object")
+    module = _Module()
+    try:
+        _Compiler(module, input_schema, "Params", "", "inputSchema").compile_root("Params")
+        if output_schema is not None:
+            _Compiler(module, output_schema, "Result", "Result", "outputSchema").compile_root("Result")
+    except RecursionError as exc:
+        raise SchemaError("a schema is nested too deeply") from exc
+
+    heading = f"Tool {tool_name!r} of the MCP server {server_name!r}"
+    if title and title.strip() and title.strip() != tool_name:
+        heading += f": {title.strip()}"
+    module_doc = (
+        f"{heading}.\n\nGenerated by ipybox from the server's tool schema; regenerate rather than edit.\n"
+        "Sync: `run(Params(...))` (or a dict of the same fields); `run_content(...)` also returns\n"
+        "images, audio, resources.\n"
+        "Async: `await arun(Params(...))`, `await arun_content(...)`; gather them to run concurrently."
+    )
+    reserved = set(module.names)
+    parts = [docstring(module_doc), "", _HEADER]
+    for cls in module.classes:
+        parts.append("")
+        parts.append(_render_class(cls, reserved))
+        parts.append("")
+
+    returns = "Result" if output_schema is not None else "str"
+    doc = (
+        description.strip()
+        if isinstance(description, str) and description.strip()
+        else f"Call the tool {tool_name!r}."
+    )
+    target = f"{str_literal(server_name)}, {str_literal(tool_name)}"
+
+    def args(function: str) -> str:
+        return f"_arguments(params, Params, {function!r})"
+
+    if output_schema is not None:
+        convert = "Result.model_validate(result)"
+    else:
+        convert = "result if isinstance(result, str) else json.dumps(result)"
+    hide = "    __tracebackhide__ = True"
+    parts += [
+        "",
+        f"def run(params: Params | dict[str, Any]) -> {returns}:",
+        f"    {docstring(doc, '    ')}",
+        hide + "  # the caller's line and the error are what matter",
+        f"    result = run_tool({target}, {args('run')})",
+        f"    return {convert}",
+        "",
+        "",
+        "def run_content(params: Params | dict[str, Any]) -> ToolContent:",
+        '    """Like `run`, but returns every part of the result (text, images, audio, resources)."""',
+        hide,
+        f"    return run_tool_content({target}, {args('run_content')})",
+        "",
+        "",
+        f"async def arun(params: Params | dict[str, Any]) -> {returns}:",
+        '    """Like `run`, but async."""',
+        hide,
+        f"    result = await arun_tool({target}, {args('arun')})",
+        f"    return {convert}",
+        "",
+        "",
+        "async def arun_content(params: Params | dict[str, Any]) -> ToolContent:",
+        '    """Like `run_content`, but async."""',
+        hide,
+        f"    return await arun_tool_content({target}, {args('arun_content')})",
+    ]
+    code = "\n".join(parts) + "\n"
+    _check_parses(code, tool_name)
+    return code
+
+
+def render_package_init(server_name: str, tools: Sequence[tuple[str, str, str | None]]) -> str:
+    """Python source of the package's ``__init__.py``: a docstring listing the tool modules.
+
+    Args:
+        server_name: The package name.
+        tools: ``(module name, tool name, description)`` of each generated module.
+
+    Returns:
+        The source code (checked with ``ast.parse``).
+    """
+    lines = [
+        f"Python API of the MCP server {server_name!r}, generated by ipybox (regenerate rather than edit).",
+        "",
+        "Each module wraps one tool: build its `Params`, call `run(params)` or `await arun(params)`. Modules:",
+        "",
+    ]
+    for module, tool_name, description in sorted(tools):
+        entry = f"- {module}"
+        if tool_name != module:
+            entry += f" (tool {tool_name!r})"
+        summary = _first_line(description) if isinstance(description, str) else ""
+        lines.append(f"{entry}: {summary}" if summary else entry)
+    if not tools:
+        lines.append("(the server offers no tools)")
+    code = docstring("\n".join(lines)) + "\n"
+    _check_parses(code, "__init__")
+    return code
+
+
+def _check_parses(code: str, what: str) -> None:
+    try:
+        with AST_LOCK:
+            ast.parse(code)
+    except (SyntaxError, ValueError) as exc:  # pragma: no cover - a bug in this module
+        raise SchemaError(f"generated code for {what!r} does not parse ({exc}); please report this") from exc

@@ -1,0 +1,1 @@
+"""The approval subsystem of the application side."""

@@ -1,0 +1,1 @@
+"""The executor subsystem of the application side."""

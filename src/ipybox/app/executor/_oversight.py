@@ -1,0 +1,109 @@
+"""What the application keeps over an executor's tool calls: policy rules, audit trail, trace spans.
+
+Application side only: the kernel can neither read nor change any of it. `CodeExecutor` makes one
+`Oversight` and hands it each new tool server (`attach`); the tool server's gate
+(`ipybox.app.approval._gate`) applies the rules and writes the trail, the spans come from
+`ipybox.app._tracing` (imported only when tracing is on).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ipybox.app.approval._audit import AuditTrail
+from ipybox.app.approval._gate import Gate
+from ipybox.app.approval._policy import Policy
+from ipybox.errors import PolicyError
+
+if TYPE_CHECKING:
+    from ipybox.app._tracing import Tracing
+    from ipybox.app.tools._server import ToolServer
+
+__all__ = ["Oversight"]
+
+
+class Oversight:
+    """The policy, the audit trail and the tracing of one executor, across its sessions.
+
+    Args:
+        policy: The rules (`ipybox.policy.Policy`), or ``None``.
+        audit: ``False``, ``True`` (the user's trail) or the path of a trail.
+        tracing: ``False``, ``True`` (OpenTelemetry's global tracer provider) or a tracer provider.
+    """
+
+    def __init__(self, policy: Policy | None, audit: bool | Path, tracing: Any) -> None:
+        self.tracing: Tracing | None = None
+        if tracing is not False:
+            from ipybox.app._tracing import Tracing
+
+            self.tracing = Tracing(None if tracing is True else tracing)
+        self._audit = audit
+        self._trail: AuditTrail | None = None
+        self._tool_server: ToolServer | None = None
+        self._policy: Policy | None = None
+        self.policy = policy
+        # The id of the current session (each open() begins one) in the audit trail.
+        self.session_id = ""
+
+    @property
+    def policy(self) -> Policy | None:
+        """The rules; setting them applies at once to the later calls of the attached tool server."""
+        return self._policy
+
+    @policy.setter
+    def policy(self, policy: Policy | None) -> None:
+        if policy is not None and not isinstance(policy, Policy):
+            raise PolicyError(f"policy must be an ipybox.policy.Policy, not {type(policy).__name__}.")
+        self._policy = policy
+        tool_server = self._tool_server
+        if tool_server is not None:
+            if tool_server.gate is not None:
+                tool_server.gate.policy = policy
+            elif policy is not None:
+                tool_server.gate = Gate(policy, None, self.session_id)
+
+    def open(self) -> Path | None:
+        """Begin a session: open the trail; the trail's folder (for the sandbox to hide), if any.
+
+        Raises:
+            RuntimeError: The trail cannot be opened (the message says what to do).
+        """
+        self.session_id = uuid.uuid4().hex[:12]
+        if self._audit is False:
+            return None
+        trail = AuditTrail(None if self._audit is True else Path(self._audit))
+        try:
+            trail.open()
+        except (OSError, sqlite3.Error) as exc:
+            raise RuntimeError(
+                f"The audit trail {trail.path} could not be opened: {exc}; fix its folder's permissions, "
+                "or pass another path (audit=Path(...))."
+            ) from exc
+        self._trail = trail
+        return trail.path.parent
+
+    def attach(self, tool_server: ToolServer) -> None:
+        """Have `tool_server` apply the rules, write the trail and make spans."""
+        tool_server.tracing = self.tracing
+        # Always a gate, also without rules or a trail: it keeps what the application accepted
+        # for the session (``accept(remember=True)``), and without rules it asks about everything.
+        tool_server.gate = Gate(self._policy, self._trail, self.session_id)
+        self._tool_server = tool_server
+
+    def close(self) -> None:
+        """End the session: detach the tool server and close the trail."""
+        self._tool_server = None
+        trail, self._trail = self._trail, None
+        if trail is not None:
+            trail.close()
+
+    def start_cell(self, code: str) -> Any:
+        """A span for a cell (``None`` without tracing); end it with `end_cell`."""
+        return self.tracing.start_cell(code) if self.tracing is not None else None
+
+    def end_cell(self, span: Any, error: BaseException | None) -> None:
+        if span is not None and self.tracing is not None:
+            self.tracing.end_cell(span, error)

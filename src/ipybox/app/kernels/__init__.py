@@ -1,0 +1,1 @@
+"""The kernels subsystem of the application side."""

@@ -1,0 +1,1 @@
+"""The mcp_client subsystem of the application side."""

@@ -1,0 +1,1 @@
+"""The pool subsystem of the application side."""

@@ -1,0 +1,1 @@
+"""The tools subsystem of the application side."""
