@@ -27,9 +27,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive
 
-from ipybox._infra import kill_tree
+from ipybox._infra import disconnected, kill_tree
 from ipybox._wire import ShellFields
-from ipybox.app.tools._http import _disconnected
 from ipybox.gateway import _kernel_launch
 
 __all__ = ["KernelConfinement", "ShellProgramError", "ShellResult", "ShellRunner"]
@@ -306,7 +305,7 @@ async def _run_while_connected(
         runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == ShellFields.SHELL)
     )
     # The kernel closes the connection when its cell is interrupted: the command stops with it.
-    gone = asyncio.ensure_future(_disconnected(receive))
+    gone = asyncio.ensure_future(disconnected(receive))
     try:
         await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
