@@ -27,7 +27,7 @@ from ipybox.app._settings import gateway_log_level
 from ipybox.app._state import state_dir
 from ipybox.app.kernels._gateway_process import GatewayProcess, gateway_command
 from ipybox.app.kernels._spec import SandboxSetup, write_kernel_spec, write_sandbox_settings
-from ipybox.app.sandbox._shell import KernelConfinement, ShellRunner
+from ipybox.app.sandbox import KernelConfinement, ShellRunner
 from ipybox.errors import GatewayError, SandboxUnavailableError
 from ipybox.gateway import _limits
 from ipybox.kernel import _exec_wall

@@ -31,7 +31,15 @@ from ipybox._infra import disconnected, kill_tree
 from ipybox._wire import ShellFields
 from ipybox.gateway import _kernel_launch
 
-__all__ = ["KernelConfinement", "ShellProgramError", "ShellResult", "ShellRunner"]
+__all__ = [
+    "KernelConfinement",
+    "ShellProgramError",
+    "ShellRequest",
+    "ShellResult",
+    "ShellRunner",
+    "run_while_connected",
+    "shell_call",
+]
 
 DEFAULT_SHELL_TIMEOUT = 3600.0
 DEFAULT_MAX_SHELL_OUTPUT = 4 * 1024 * 1024
@@ -272,7 +280,7 @@ class KernelConfinement:
     shell_runner: ShellRunner | None = None
 
 
-class _ShellRequest(BaseModel):
+class ShellRequest(BaseModel):
     """The body of ``POST /shell``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -285,7 +293,7 @@ class _ShellRequest(BaseModel):
     cwd: str = Field(min_length=1)
 
 
-def _shell_call(body: _ShellRequest) -> tuple[dict[str, Any], list[str]]:
+def shell_call(body: ShellRequest) -> tuple[dict[str, Any], list[str]]:
     """The arguments a shell request is approved with, and the program line it runs."""
     if body.kind == ShellFields.SHELL:
         return {"cmd": body.cmd}, ["sh", "-c", body.cmd]  # sh as found on the runner's PATH
@@ -296,8 +304,8 @@ def _shell_call(body: _ShellRequest) -> tuple[dict[str, Any], list[str]]:
     return tool_args, body.argv
 
 
-async def _run_while_connected(
-    runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
+async def run_while_connected(
+    runner: ShellRunner, body: ShellRequest, argv: list[str], receive: Receive
 ) -> asyncio.Future[ShellResult]:
     """Run an approved shell request; it is cancelled if the kernel closes the connection first."""
     cell = body.cmd.encode() if body.kind == ShellFields.SHELL_MAGIC else None

@@ -49,10 +49,9 @@ from starlette.websockets import WebSocket
 from ipybox._infra import BearerToken, Uvicorn, listen
 from ipybox._wire import ToolServerPaths
 from ipybox.app._settings import DEFAULT_MAX_RESULT_SIZE
-from ipybox.app.approval._server import POLICY_VIOLATION, ApprovalChannel
-from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
-from ipybox.app.mcp_client._session import MCPSession
-from ipybox.app.sandbox._shell import KernelConfinement, ShellRunner
+from ipybox.app.approval import POLICY_VIOLATION, ApprovalChannel
+from ipybox.app.mcp_client import MCPSession, ServerRegistry, default_registry
+from ipybox.app.sandbox import KernelConfinement, ShellRunner
 from ipybox.app.tools._http import (
     _UNAUTHORIZED,
     _BoundedHttp,
