@@ -168,6 +168,7 @@ def _imports(module: str) -> list[Import]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[Import] = []
     for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[tuple[str, str | None]]
         if isinstance(node, ast.Import):
             targets = [(alias.name, None) for alias in node.names if alias.name.split(".")[0] == "ipybox"]
         elif isinstance(node, ast.ImportFrom):
