@@ -127,7 +127,7 @@ SUBSYSTEMS = sorted(path.parent.name for path in APP.glob("*/__init__.py"))
 # Shared leaves of the application side: one-module subsystems any part may import by path
 # (``_tracing`` must stay unimported while tracing is off, so no face may import it eagerly).
 SHARED_LEAVES = ("_settings", "_state", "_tracing")
-# The subsystems from the lowest to the highest: an arrow only ever points down this list.
+# The subsystems from the lowest to the highest: an import only ever points to an earlier entry.
 ORDER = (
     "_state",
     "_tracing",
@@ -142,7 +142,7 @@ ORDER = (
     "executor",
 )
 # Known cycles that other parts of the redesign remove; each entry must still be a cycle, so the
-# list only shrinks. Owner: the kernels engineer (``PooledKernels`` reaching into ``KernelPool``).
+# list only shrinks. Owner: the kernels part of issue 33 (``PooledKernels`` reaching into ``KernelPool``).
 KNOWN_MODULE_CYCLES = [frozenset({"ipybox.app.pool._pool", "ipybox.app.pool._pooled_kernels"})]
 _MAY_IMPORT = re.compile(r"May import \(within ``ipybox\.app``\):(.*?)(?:\n\n|\Z)", re.DOTALL)
 
