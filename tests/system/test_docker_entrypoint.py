@@ -2,7 +2,7 @@
 
 A workspace whose ``.git`` or agent settings the container user could write is refused, naming the
 read-only mount to add; the same workspace with those names bound read-only (here with bubblewrap,
-as ``docker run --mount ...,readonly`` does) passes. ``tests/test_docker_image.py`` runs the image.
+as ``docker run --mount ...,readonly`` does) passes. ``tests/system/test_docker_image.py`` runs the image.
 """
 
 from __future__ import annotations

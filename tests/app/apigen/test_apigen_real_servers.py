@@ -79,7 +79,7 @@ DEMO_CALLS: dict[str, tuple[dict[str, Any], DemoCheck]] = {
     "getenv": ({"name": "IPYBOX_SURELY_UNSET_VARIABLE"}, lambda r: value(r) == "" or pytest.fail(repr(r))),
     "pid": ({}, lambda r: int(value(r)) > 0 or pytest.fail(repr(r))),
     "rendezvous": ({"key": "alone", "count": 1}, lambda r: value(r) == "1 together" or pytest.fail(repr(r))),
-    # Media tools: run() keeps returning the text parts (tests/test_tool_media.py checks the media).
+    # Media tools: run() keeps returning the text parts (tests/app/tools/test_tool_media.py checks the media).
     "text_and_image": ({"caption": "c"}, lambda r: value(r) == "c\nend" or pytest.fail(repr(r))),
     "chart": ({"points": 2}, lambda r: value(r) == '{"points": 2}' or pytest.fail(repr(r))),
     "blob": ({"size": 3}, lambda r: value(r) == "null" or pytest.fail(repr(r))),

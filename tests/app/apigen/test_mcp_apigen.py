@@ -2,7 +2,7 @@
 
 Schema-to-code behaviour is tested on ``mcp.types.Tool`` values (what the MCP SDK lists) and
 by importing the generated modules; ``generate_mcp_sources`` itself is tested against real MCP
-servers started as subprocesses (tests/mcp_apigen/tools_server.py serves any tool list).
+servers started as subprocesses (tests/app/apigen/tools_server.py serves any tool list).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Run it as::
 
-    python tests/mcp_apigen/tools_server.py --tools TOOLS.json   # tools as MCP wire dicts
+    python tests/app/apigen/tools_server.py --tools TOOLS.json   # tools as MCP wire dicts
 
 The low-level server sends tool schemas exactly as given, so tests can hand the code
 generator schemas no decorator-based server would produce (hostile names, invalid schemas).

@@ -1,8 +1,8 @@
 """Shell rules prove or ask: the positive reader behind ``allow``, and programs that run others.
 
 Each line here got through ``Rule("allow", program=[...])`` before (issue 38): the reader read a
-different command than the shell runs. `tests/test_shell_rules_bash.py` checks the reader against
-bash and dash themselves; `tests/test_shell_rule_attacks.py` runs the attacks in a sandboxed kernel.
+different command than the shell runs. `test_shell_rules_bash.py` (beside this one) checks the reader
+against bash and dash themselves; `test_shell_rule_attacks.py` runs the attacks in a sandboxed kernel.
 """
 
 from __future__ import annotations

@@ -344,7 +344,9 @@ async def test_code_in_the_kernel_cannot_use_the_gateways_api_with_anything_it_c
     gateway: RemoteGateway, executor: CodeExecutor
 ) -> None:
     if gateway.kind.endswith("-docker"):
-        pytest.skip("the kernel's container reaches no port of the gateway's (tests/test_remote_channel.py)")
+        pytest.skip(
+            "the kernel's container reaches no port of the gateway's (tests/app/tools/test_remote_channel.py)"
+        )
     # The gateway listens beside the kernel (the namespace's loopback); hostile code tries every
     # value of its environment and every word of the cells it ran as the gateway's token.
     attack = f"""

@@ -2,8 +2,9 @@
 
 What a kernel on another host uses; here the kernel is local, so that every guarantee of the HTTP
 path can be checked the same way. The tests the two channels share run over both (see
-``tests/test_code_exec.py``, ``test_tool_media.py``, ``test_tool_concurrency.py``); these are about
-what only this channel has: batching, interrupts mid-request, and requests forged by cell code.
+``tests/app/executor/test_code_exec.py``, ``test_tool_media.py``, ``test_tool_concurrency.py``);
+these are about what only this channel has: batching, interrupts mid-request, and requests forged by
+cell code.
 """
 
 from __future__ import annotations
