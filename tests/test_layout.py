@@ -168,6 +168,7 @@ def _imports(module: str) -> list[Import]:
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found: list[Import] = []
     for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[tuple[str, str | None]]
         if isinstance(node, ast.Import):
             targets = [(alias.name, None) for alias in node.names if alias.name.split(".")[0] == "ipybox"]
         elif isinstance(node, ast.ImportFrom):
@@ -339,3 +340,19 @@ def test_each_face_says_what_it_owns_and_may_import_and_exports_what_others_use(
         exported = set(importlib.import_module(face).__all__)
         used = {i.name for i in IMPORTS if i.target == face and i.name and _subsystem(i.importer) != name}
         assert used <= exported, f"{face} is used for {sorted(used - exported)}, missing from its __all__"
+
+
+def test_the_contributors_page_draws_the_subsystems_as_the_faces_declare_them() -> None:
+    page = (SRC.parents[1] / "docs" / "architecture-subsystems.md").read_text()
+    rows = [
+        (name, may_import)
+        for name, may_import in re.findall(r"^\| `(\w+)/?` \| [^|]+ \| ([^|]+) \|$", page, re.MULTILINE)
+        if name in ORDER
+    ]
+    assert [name for name, _ in rows] == list(reversed(ORDER)), (
+        "the page lists the subsystems from the highest"
+    )
+    graph = _graph(_subsystem)
+    for name, may_import in rows:
+        drawn = set(re.findall(r"`(\w+)`", may_import))
+        assert drawn == graph.get(name, set()), f"the page's row of {name} says it may import {sorted(drawn)}"

@@ -23,7 +23,7 @@ from ipybox._wire import (
     ToolServerEnv,
     ToolServerPaths,
 )
-from ipybox.app.sandbox._shell import ShellResult, ShellRequest
+from ipybox.app.sandbox._shell import ShellRequest, ShellResult
 from ipybox.app.tools._calls import _RunRequest
 from ipybox.app.tools._http import _error
 from ipybox.app.tools._stdin_channel import _Call, _Request
