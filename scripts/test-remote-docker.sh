@@ -195,9 +195,9 @@ say "kernels on $network ($bridge); of the host they reach only $host_ip:$eg_por
 
 # 6. The remote cases against both: every test module that imports tests/remote_support.py's
 #    `gateway` fixture (on its `from tests.remote_support import ...` line).
-mapfile -t modules < <(grep -lE '^from tests\.remote_support import .*\bgateway\b' tests/test_*.py)
+mapfile -t modules < <(grep -rlE --include='test_*.py' '^from tests\.remote_support import .*\bgateway\b' tests | sort)
 # And the executor suite, whose gateways follow IPYBOX_TEST_GATEWAYS too (its own fixture).
-modules+=(tests/test_remote_executor.py)
+modules+=(tests/app/kernels/test_remote_executor.py)
 status=0
 IPYBOX_TEST_GATEWAYS=eg-docker,kg-docker \
     IPYBOX_TEST_EG_PYTHON="$eg_venv/bin/python" \

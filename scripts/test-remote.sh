@@ -6,7 +6,8 @@
 #   - Jupyter Enterprise Gateway 3.3 from PyPI, in a virtual environment of its own (it pins
 #     jupyter_client<7, jupyter_server<2, pyzmq<25, tornado<7; its kernels run ipykernel 6), so
 #     that none of its pins reach ipybox's environment.
-# Then runs tests/test_remote_channel.py and tests/test_remote_executor.py against both.
+# Then runs tests/app/tools/test_remote_channel.py and tests/app/kernels/test_remote_executor.py
+# against both.
 #
 #   bash scripts/test-remote.sh [PYTEST_ARGS...]
 #
@@ -53,4 +54,4 @@ for name, floor in (("jupyter_client", "8"), ("jupyter_server", "2"), ("pyzmq", 
 EOF
 
 IPYBOX_TEST_EG_PYTHON="$eg_python" \
-    uv run --frozen pytest tests/test_remote_channel.py tests/test_remote_executor.py -p no:cacheprovider "$@"
+    uv run --frozen pytest tests/app/tools/test_remote_channel.py tests/app/kernels/test_remote_executor.py -p no:cacheprovider "$@"

@@ -1,6 +1,6 @@
 """Hosts a test may reach, learned from this machine's configuration at run time.
 
-The repository names no package-registry host (``tests/test_scripts.py`` checks): a test that
+The repository names no package-registry host (``tests/system/test_scripts.py`` checks): a test that
 needs a real, reachable host asks the machine which package index or registry it uses, as its
 installers would, and skips with the reason when nothing is configured.
 """

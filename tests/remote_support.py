@@ -387,7 +387,7 @@ def _free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-# The kinds of remote gateway the executor suite (tests/test_remote_executor.py) runs against;
+# The kinds of remote gateway the executor suite (tests/app/kernels/test_remote_executor.py) runs against;
 # `remote_gateway` starts one, with the suite's own kernel specs.
 EXECUTOR_GATEWAY_KINDS = tuple(
     # With Docker-backed gateways selected (scripts/test-remote-docker.sh), the suite runs there.

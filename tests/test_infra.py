@@ -1,6 +1,6 @@
 """The application's shared infrastructure, each helper on real sockets, servers and processes.
 
-The public servers built on it are attacked in tests/tool_exec/test_security.py (tool server) and
+The public servers built on it are attacked in tests/app/tools/test_security.py (tool server) and
 tests/mcp_server/test_http.py (MCP server).
 """
 

@@ -14,9 +14,9 @@ import pytest_asyncio
 from mcp.client import Client
 
 from ipybox.kernel._search import MAX_LIMIT, MAX_QUERY_CHARS  # private: the limits the errors name
-from tests.mcp_apigen.apigen_support import TOOLS_SERVER
+from tests.app.apigen.apigen_support import TOOLS_SERVER
+from tests.app.apigen.test_tool_search import FORECAST, ISSUES, POST
 from tests.mcp_server.support import connected, own_state, run, stdio_params, text_of
-from tests.test_tool_search import FORECAST, ISSUES, POST
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
