@@ -301,7 +301,7 @@ async def test_cancel_stops_a_running_execution_from_another_task(executor: Code
 async def test_cancel_right_after_the_execution_was_submitted_still_lands(executor: CodeExecutor) -> None:
     execution = asyncio.create_task(executor.execute("import time\ntime.sleep(30)"))
     # Private: the lock, taken on the task's first step, is the only sign the execution began.
-    while not executor._lock.locked():  # noqa: ASYNC110
+    while not executor.busy:  # noqa: ASYNC110
         await asyncio.sleep(0)
     await executor.cancel()
     with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
@@ -338,7 +338,7 @@ async def test_a_cancel_landing_in_an_ipython_hook_still_stops_the_cell(executor
     )
     execution = asyncio.create_task(executor.execute("cell_ran = True"))
     # Private: the lock, taken on the task's first step, is the only sign the execution began.
-    while not executor._lock.locked():  # noqa: ASYNC110
+    while not executor.busy:  # noqa: ASYNC110
         await asyncio.sleep(0)
     await executor.cancel()
     with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
@@ -352,7 +352,7 @@ async def test_cancels_landing_anywhere_in_an_execution_always_end_it(executor: 
     for round_ in range(40):
         execution = asyncio.create_task(executor.execute(f"x = {round_}"))
         # Private: the lock, taken on the task's first step, is the only sign the execution began.
-        while not executor._lock.locked():  # noqa: ASYNC110
+        while not executor.busy:  # noqa: ASYNC110
             await asyncio.sleep(0)
         # Spread over the whole execution: some before the kernel starts it, some during, some after.
         for _ in range(round_ % 8):

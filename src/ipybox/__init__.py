@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from ipybox.app._settings import KernelOptions, RemoteGateway, ToolOptions
     from ipybox.app.apigen._generate import generate_mcp_sources
     from ipybox.app.approval._client import ApprovalRequest
     from ipybox.app.executor._executor import CodeExecutor
@@ -31,8 +32,11 @@ __all__ = [
     "CodeExecutionError",
     "CodeExecutionResult",
     "CodeExecutor",
+    "KernelOptions",
     "KernelPool",
+    "RemoteGateway",
     "SnapshotReport",
+    "ToolOptions",
     "generate_mcp_sources",
 ]
 
@@ -42,7 +46,10 @@ _EXPORTS = {
     "CodeExecutionError": "ipybox.errors",
     "CodeExecutionResult": "ipybox.app.executor._results",
     "CodeExecutor": "ipybox.app.executor._executor",
+    "KernelOptions": "ipybox.app._settings",
     "KernelPool": "ipybox.app.pool._pool",
+    "RemoteGateway": "ipybox.app._settings",
+    "ToolOptions": "ipybox.app._settings",
     "SnapshotReport": "ipybox.app.executor._snapshot",
     "generate_mcp_sources": "ipybox.app.apigen._generate",
 }

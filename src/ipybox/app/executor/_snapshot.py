@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.kernels._local_host import KernelHost
 from ipybox.app.kernels._remote_host import RemoteKernelHost
-from ipybox.app.pool._pooled_kernels import PooledKernels
+from ipybox.app.kernels._source import KernelSource
 from ipybox.errors import ExecutionError, KernelDiedError, SnapshotError
 from ipybox.kernel._snapshot_format import (
     DEFAULT_MAX_SNAPSHOT_BYTES,
@@ -50,7 +49,6 @@ from ipybox.kernel._snapshot_format import (
 
 __all__ = ["DEFAULT_MAX_SNAPSHOT_BYTES", "NOT_KEPT", "SnapshotReport", "load", "save"]
 
-Kernels = KernelHost | PooledKernels | RemoteKernelHost
 
 NOT_KEPT = (
     "IPython's own history and output cache (In, Out, _, _1, ...)",
@@ -228,7 +226,7 @@ def _file_name(path: Path | str) -> str:
     return name
 
 
-async def _call(kernels: Kernels, expression: str, timeout: float, doing: str) -> str:
+async def _call(kernels: KernelSource, expression: str, timeout: float, doing: str) -> str:
     """The text value of `expression` evaluated silently in the kernel."""
     try:
         text = (await kernels.client.evaluate("", {"value": expression}, timeout=timeout))["value"]
@@ -283,7 +281,7 @@ def _kernel_folder(settings: ExecutorSettings) -> Path:
 
 
 async def save(
-    kernels: Kernels,
+    kernels: KernelSource,
     settings: ExecutorSettings,
     path: Path | str,
     *,
@@ -344,7 +342,9 @@ def _copy_local(
         os.close(fd)
 
 
-async def _remove_staging(kernels: Kernels, settings: ExecutorSettings, staging: str, timeout: float) -> None:
+async def _remove_staging(
+    kernels: KernelSource, settings: ExecutorSettings, staging: str, timeout: float
+) -> None:
     if isinstance(kernels, RemoteKernelHost):
         with contextlib.suppress(SnapshotError):
             await _call(kernels, f"{_KERNEL_MODULE}.remove({staging!r})", timeout, "cleaning up")
@@ -358,7 +358,7 @@ async def _remove_staging(kernels: Kernels, settings: ExecutorSettings, staging:
 
 
 async def load(
-    kernels: Kernels,
+    kernels: KernelSource,
     settings: ExecutorSettings,
     path: Path | str,
     *,
