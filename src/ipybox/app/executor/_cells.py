@@ -16,11 +16,10 @@ from collections.abc import AsyncGenerator
 
 import anyio
 
-from ipybox.app.approval._client import ApprovalRequest
+from ipybox.app.approval import ApprovalRequest
 from ipybox.app.executor._oversight import Oversight
 from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
-from ipybox.app.kernels._client import ExecutionResult
-from ipybox.app.kernels._source import KernelSource
+from ipybox.app.kernels import ExecutionResult, KernelSource
 from ipybox.errors import (
     ApprovalError,
     CodeExecutionError,

@@ -23,20 +23,18 @@ from ipybox.app._settings import (
     ToolOptions,
     gather_options,
 )
-from ipybox.app.approval._client import ApprovalRequest
-from ipybox.app.approval._policy import Policy
+from ipybox.app.approval import ApprovalRequest, Policy
 from ipybox.app.executor import _snapshot
 from ipybox.app.executor._cells import Cells, Item
 from ipybox.app.executor._oversight import Oversight
 from ipybox.app.executor._parts import Parts
 from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app.executor._snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, SnapshotReport
-from ipybox.app.kernels._remote_host import RemoteKernelHost
-from ipybox.app.kernels._source import KernelSource
-from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
-from ipybox.app.pool._pool import KernelPool
-from ipybox.app.sandbox._shell import KernelConfinement
-from ipybox.app.tools._server import ToolServer
+from ipybox.app.kernels import KernelSource, RemoteKernelHost
+from ipybox.app.mcp_client import ServerRegistry, default_registry
+from ipybox.app.pool import KernelPool
+from ipybox.app.sandbox import KernelConfinement
+from ipybox.app.tools import ToolServer
 from ipybox.errors import CodeExecutionError
 
 __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]

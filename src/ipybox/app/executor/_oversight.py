@@ -13,14 +13,12 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ipybox.app.approval._audit import AuditTrail
-from ipybox.app.approval._gate import Gate
-from ipybox.app.approval._policy import Policy
+from ipybox.app.approval import AuditTrail, Gate, Policy
 from ipybox.errors import PolicyError
 
 if TYPE_CHECKING:
     from ipybox.app._tracing import Tracing
-    from ipybox.app.tools._server import ToolServer
+    from ipybox.app.tools import ToolServer
 
 __all__ = ["Oversight"]
 

@@ -18,15 +18,12 @@ from pathlib import Path
 from ipybox._wire import StdinChannel, ToolServerEnv
 from ipybox.app import sandbox as _sandbox
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.approval._client import ApprovalClient, ApprovalRequest
+from ipybox.app.approval import ApprovalClient, ApprovalRequest
 from ipybox.app.executor._oversight import Oversight
-from ipybox.app.kernels._local_host import KernelHost
-from ipybox.app.kernels._remote_host import RemoteKernelHost
-from ipybox.app.kernels._source import KernelSource
-from ipybox.app.mcp_client._registry import ServerRegistry
-from ipybox.app.pool._pool import KernelPool
-from ipybox.app.tools._server import ToolServer
-from ipybox.app.tools._stdin_channel import StdinToolCalls
+from ipybox.app.kernels import KernelHost, KernelSource, RemoteKernelHost
+from ipybox.app.mcp_client import ServerRegistry
+from ipybox.app.pool import KernelPool
+from ipybox.app.tools import StdinToolCalls, ToolServer
 
 __all__ = ["Parts"]
 

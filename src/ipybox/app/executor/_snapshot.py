@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.kernels._remote_host import RemoteKernelHost
-from ipybox.app.kernels._source import KernelSource
+from ipybox.app.kernels import KernelSource, RemoteKernelHost
 from ipybox.errors import ExecutionError, KernelDiedError, SnapshotError
 from ipybox.kernel._snapshot_format import (
     DEFAULT_MAX_SNAPSHOT_BYTES,

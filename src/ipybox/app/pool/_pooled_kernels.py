@@ -13,10 +13,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.kernels._client import KernelClient
-from ipybox.app.kernels._gateway import KernelGateway
-from ipybox.app.kernels._local_host import fresh_kernel
-from ipybox.app.sandbox._shell import KernelConfinement
+from ipybox.app.kernels import KernelClient, KernelGateway, fresh_kernel
+from ipybox.app.sandbox import KernelConfinement
 
 __all__ = ["KernelLender", "PooledKernels"]
 

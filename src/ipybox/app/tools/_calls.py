@@ -26,17 +26,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive
 
 from ipybox._wire import AnswerFields
-from ipybox.app.approval._gate import Asked, Gate, GateDenied, Ticket
-from ipybox.app.approval._server import (
+from ipybox.app.approval import (
     ApprovalChannel,
     ApprovalClientDisconnected,
+    Asked,
     Decider,
+    Gate,
+    GateDenied,
     NoApprovalClientError,
+    Ticket,
 )
-from ipybox.app.mcp_client._params import StdioParams, confine, resolve_params
-from ipybox.app.mcp_client._registry import ServerRegistry
-from ipybox.app.mcp_client._session import MCPSession
-from ipybox.app.sandbox._shell import KernelConfinement
+from ipybox.app.mcp_client import MCPSession, ServerRegistry, StdioParams, confine, resolve_params
+from ipybox.app.sandbox import KernelConfinement
 from ipybox.app.tools._http import _Charge, _error, _json, _RequestBodies, _size, _summarise
 from ipybox.errors import MCPServerError, ServerParamsError, ToolCallOutcome
 

@@ -48,10 +48,10 @@ from starlette.websockets import WebSocket
 
 from ipybox._infra import BearerToken, Uvicorn, listen
 from ipybox._wire import ToolServerPaths
-from ipybox.app.approval._server import POLICY_VIOLATION, ApprovalChannel
-from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
-from ipybox.app.mcp_client._session import MCPSession
-from ipybox.app.sandbox._shell import KernelConfinement, ShellRunner
+from ipybox.app._settings import DEFAULT_MAX_RESULT_SIZE
+from ipybox.app.approval import POLICY_VIOLATION, ApprovalChannel
+from ipybox.app.mcp_client import MCPSession, ServerRegistry, default_registry
+from ipybox.app.sandbox import KernelConfinement, ShellRunner
 from ipybox.app.tools._http import (
     _UNAUTHORIZED,
     _BoundedHttp,
@@ -67,7 +67,6 @@ from ipybox.errors import ToolServerError
 
 __all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
 
-DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 32 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT_SIZE = 128 * 1024 * 1024
 # An answer up to this size is sent in one message (asyncio's default write buffer limit).

@@ -25,14 +25,14 @@ from ipybox._wire import (
     ShellFields,
     asks_about_shell,
 )
-from ipybox.app.approval._gate import GateDenied, Ticket
-from ipybox.app.sandbox._shell import (
+from ipybox.app.approval import GateDenied, Ticket
+from ipybox.app.sandbox import (
     KernelConfinement,
     ShellProgramError,
+    ShellRequest,
     ShellRunner,
-    _run_while_connected,
-    _shell_call,
-    _ShellRequest,
+    run_while_connected,
+    shell_call,
 )
 from ipybox.app.tools._calls import _RunRequest, _ToolCallError, _ToolCalls
 from ipybox.app.tools._http import (
@@ -121,7 +121,7 @@ class _ShellRoutes(_ToolCalls):
         # The body (a command line) counts toward the in-flight budget only while it is read.
         charge = _Charge(self._inflight)
         try:
-            body = await self._parsed_body(request, charge, _ShellRequest, "shell command")
+            body = await self._parsed_body(request, charge, ShellRequest, "shell command")
         finally:
             charge.release()
         if isinstance(body, Response):
@@ -136,7 +136,7 @@ class _ShellRoutes(_ToolCalls):
             )
         if body.kind == ShellFields.SHELL_MAGIC and not body.argv:
             return _error_response(400, "failed", "A shell_magic request needs argv, the program to run.")
-        tool_args, argv = _shell_call(body)
+        tool_args, argv = shell_call(body)
         try:
             runner.resolve(argv, body.cmd.encode() if body.kind == ShellFields.SHELL_MAGIC else None)
         except ShellProgramError as exc:  # refused before anyone is asked
@@ -173,9 +173,9 @@ class _ShellRoutes(_ToolCalls):
         return ticket
 
     async def _run_shell(
-        self, runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
+        self, runner: ShellRunner, body: ShellRequest, argv: list[str], receive: Receive
     ) -> Response:
-        running = await _run_while_connected(runner, body, argv, receive)
+        running = await run_while_connected(runner, body, argv, receive)
         if running.cancelled():
             return Response(status_code=400)  # the client left; nobody reads this
         try:
