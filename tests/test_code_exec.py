@@ -23,6 +23,7 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+from ipybox.app.kernels import KernelHost
 from ipybox.errors import ApprovalDecisionError, KernelConnectionError
 from tests.conftest import DEMO_SERVER, TOOL_SERVER_CLIENT, command_line
 from tests.sandbox_support import require_sandbox
@@ -572,7 +573,7 @@ async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
 @pytest.mark.slow
 async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(executor: CodeExecutor) -> None:
     # Private: the executor does not expose its gateway, whose process tree is what is checked.
-    assert executor._kernels is not None and executor._kernels.gateway.pid is not None
+    assert isinstance(executor._kernels, KernelHost) and executor._kernels.gateway.pid is not None
     fixture_gateway = psutil.Process(executor._kernels.gateway.pid)
 
     def running() -> set[int]:
@@ -648,7 +649,7 @@ async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExec
     import httpx2
 
     # Private: the gateway's port is not public; the attack needs it to talk to the gateway directly.
-    assert executor._kernels is not None
+    assert isinstance(executor._kernels, KernelHost)
     async with httpx2.AsyncClient() as http:
         response = await http.post(f"http://localhost:{executor._kernels.gateway.port}/api/kernels", json={})
     assert response.status_code in (401, 403)

@@ -6,7 +6,8 @@ own), `RemoteKernelHost` (a gateway it did not start, `kernel_gateway_url`) and 
 from and how a lost one is put back; the executor sees only this protocol, as jupyter_client's
 kernel manager sees only its provisioner's base class. Being a `typing.Protocol`, it needs no base
 class: mypy checks each source against it, and ``isinstance`` does too at run time (member names
-only).
+only; on Python 3.11 reading a property, so a source that is not started fails the check with
+its own `RuntimeError`). The local sources also have their `gateway`; a remote one has none.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 from typing import Protocol, runtime_checkable
 
 from ipybox.app.kernels._client import KernelClient
-from ipybox.app.kernels._gateway import KernelGateway
 
 __all__ = ["KernelSource"]
 
@@ -33,15 +33,6 @@ class KernelSource(Protocol):
 
         Raises:
             RuntimeError: If the source is not started.
-        """
-        ...
-
-    @property
-    def gateway(self) -> KernelGateway:
-        """The local gateway the kernels run on.
-
-        Raises:
-            RuntimeError: If there is none (kernels on a remote gateway), or it is not started.
         """
         ...
 

@@ -4,7 +4,9 @@ Runs in the application. It is to an executor on a pool what `KernelHost` is to 
 its own gateway: it owns the client of the executor's current kernel, takes a fresh kernel from the
 pool at each start, and when the kernel dies mid-execution puts a working one back, on a new
 gateway if the gateway went too (started once, by whichever executor noticed first). The tool
-server is told the kernels' confinement through `on_start`, at every start.
+server is told the kernels' confinement through `on_start`, at every start. It is a `KernelSource`,
+and reaches its pool only through the `KernelLender` the pool gives it (``_pool._Lending``), so
+this module does not import the pool's.
 """
 
 from __future__ import annotations
