@@ -23,7 +23,7 @@ Endpoints:
 - ``WS /approval`` is where the application's ``ApprovalClient`` connects.
 - ``GET /status`` answers ``{"status": "ok"}``.
 
-``/run`` is served by the base `_ToolCalls` (``_tool_calls.py``), ``/approve`` and ``/shell`` by
+``/run`` is served by the base `_ToolCalls` (``_calls.py``), ``/approve`` and ``/shell`` by
 `_ShellRoutes` (``_shell_routes.py``); this module holds the lifecycle and the routing.
 """
 
