@@ -8,8 +8,11 @@ def test_public_names_are_exported_and_importable() -> None:
         "CodeExecutionError",
         "CodeExecutionResult",
         "CodeExecutor",
+        "KernelOptions",
         "KernelPool",
+        "RemoteGateway",
         "SnapshotReport",
+        "ToolOptions",
         "generate_mcp_sources",
     ]
     assert ipybox.__all__ == exported

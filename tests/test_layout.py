@@ -142,8 +142,8 @@ ORDER = (
     "executor",
 )
 # Known cycles that other parts of the redesign remove; each entry must still be a cycle, so the
-# list only shrinks. Owner: the kernels part of issue 33 (``PooledKernels`` reaching into ``KernelPool``).
-KNOWN_MODULE_CYCLES = [frozenset({"ipybox.app.pool._pool", "ipybox.app.pool._pooled_kernels"})]
+# list only shrinks. Empty since ``PooledKernels`` reaches its pool through a ``KernelLender``.
+KNOWN_MODULE_CYCLES: list[frozenset[str]] = []
 _MAY_IMPORT = re.compile(r"May import \(within ``ipybox\.app``\):(.*?)(?:\n\n|\Z)", re.DOTALL)
 
 
@@ -362,15 +362,8 @@ def test_the_contributors_page_draws_the_subsystems_as_the_faces_declare_them() 
 # each entry must still occur, so the list only shrinks.
 KNOWN_PRIVATE_MEMBER_REACHES = {
     ("ipybox.app.executor._cells", "request._abandon"): "chain: the decision chain owns abandoning a request",
-    ("ipybox.app.executor._executor", "pool._check"): "kernels: KernelPool by composition",
-    ("ipybox.app.executor._executor", "self._pool._kernels_for"): "kernels: KernelPool by composition",
-    (
-        "ipybox.integrations.smolagents",
-        "executor._kernels",
-    ): "kernels: a public way to ask whether an executor started",
     ("ipybox.mcp_server._elicit", "request._decide_as"): "chain: the decision chain answers for the person",
     ("ipybox.mcp_server._tools", "item._decide_as"): "chain: the decision chain answers for the person",
-    ("ipybox.mcp_server._tools", "self.executor._tool_server"): "chain: the MCP server asks the executor",
 }
 
 

@@ -19,7 +19,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ipybox.app.apigen import generate_mcp_sources
     from ipybox.app.approval import ApprovalRequest
-    from ipybox.app.executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor, SnapshotReport
+    from ipybox.app.executor import (
+        CodeExecutionChunk,
+        CodeExecutionResult,
+        CodeExecutor,
+        KernelOptions,
+        RemoteGateway,
+        SnapshotReport,
+        ToolOptions,
+    )
     from ipybox.app.pool import KernelPool
     from ipybox.errors import CodeExecutionError
 
@@ -29,8 +37,11 @@ __all__ = [
     "CodeExecutionError",
     "CodeExecutionResult",
     "CodeExecutor",
+    "KernelOptions",
     "KernelPool",
+    "RemoteGateway",
     "SnapshotReport",
+    "ToolOptions",
     "generate_mcp_sources",
 ]
 
@@ -40,7 +51,10 @@ _EXPORTS = {
     "CodeExecutionError": "ipybox.errors",
     "CodeExecutionResult": "ipybox.app.executor",
     "CodeExecutor": "ipybox.app.executor",
+    "KernelOptions": "ipybox.app.executor",
     "KernelPool": "ipybox.app.pool",
+    "RemoteGateway": "ipybox.app.executor",
+    "ToolOptions": "ipybox.app.executor",
     "SnapshotReport": "ipybox.app.executor",
     "generate_mcp_sources": "ipybox.app.apigen",
 }

@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 
 from ipybox import CodeExecutionError, CodeExecutor
+from ipybox.app.kernels import KernelHost
 from ipybox.errors import GatewayError
 from ipybox.gateway import _limits
 from ipybox.kernel_mgr.server import KernelGateway
@@ -80,7 +81,7 @@ async def executor(
 
 def how(ex: CodeExecutor) -> str:
     """Which mechanism holds the limits (private: not exposed, but the assertions depend on it)."""
-    assert ex._kernels is not None
+    assert isinstance(ex._kernels, KernelHost)
     return ex._kernels.gateway._limits.how
 
 

@@ -13,7 +13,7 @@ the highest to the lowest (an import only ever points down this list):
 - ``approval/``: the policy, the gate, the approval channel's two ends and the audit trail.
 - ``mcp_client/``: MCP sessions, the trusted registry, server parameters and OAuth logins.
 - ``sandbox/``: srt and its settings, confined file access in the workspace, the shell runner.
-- shared leaves: ``_settings`` (`ExecutorSettings`), ``_tracing`` (OpenTelemetry, opt-in) and
+- shared leaves: ``_settings`` (`ExecutorSettings` and its option objects), ``_tracing`` (OpenTelemetry, opt-in) and
   ``_state`` (the user's state folder).
 
 Every module is private; the public names are re-exported by ``ipybox`` and by the public paths

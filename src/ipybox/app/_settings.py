@@ -1,7 +1,14 @@
 """`ExecutorSettings`: everything a `CodeExecutor` is configured with, checked once and frozen.
 
-The keyword arguments of `CodeExecutor` build one of these; the executor's parts (the tool
-server, the kernels) are then made from it and never read the executor's state behind its back.
+The arguments of `CodeExecutor` build one of these; the executor's parts (the tool server, the
+kernels) are then made from it and never read the executor's state behind its back. Related
+arguments come grouped in small option objects, as httpx groups its ``Limits`` and ``Timeout``:
+`KernelOptions` (what each kernel is, shared by `CodeExecutor` and `KernelPool`), `ToolOptions`
+(how tool calls reach and leave the tool server) and `RemoteGateway` (kernels on a gateway the
+executor did not start). Each field of an option object is also accepted as a keyword argument of
+its own, under the same name (`RemoteGateway`'s with the ``kernel_gateway_`` names), so
+``CodeExecutor(memory_limit="1G")`` and ``CodeExecutor(kernel=KernelOptions(memory_limit="1G"))``
+give the same settings.
 """
 
 from __future__ import annotations
@@ -12,13 +19,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Literal
+from typing import Literal, TypedDict
 from urllib.parse import urlsplit
 
 from ipybox._wire import KernelEnv
 from ipybox.gateway import _limits
 
-__all__ = ["DEFAULT_MAX_RESULT_SIZE", "DEFAULT_WARM_IMPORTS", "ExecutorSettings", "gateway_log_level"]
+__all__ = [
+    "DEFAULT_MAX_RESULT_SIZE",
+    "DEFAULT_WARM_IMPORTS",
+    "ExecutorKeywords",
+    "ExecutorSettings",
+    "KernelKeywords",
+    "KernelOptions",
+    "RemoteGateway",
+    "ToolOptions",
+    "gateway_log_level",
+]
 
 # The largest tool result the tool server hands back to a kernel, in bytes.
 DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
@@ -31,6 +48,181 @@ kernel about 31 MB (the pool's memory per session goes from 36 to 67 MB, over it
 an idle executor with its spare from 167 to 234 MB), so it is the application's choice. A sandboxed
 kernel builds matplotlib's font cache anew at its first import (1.5-2 s of CPU), which every spare
 would pay."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class KernelOptions:
+    """What each kernel is: its folder, limits, shell rules and imports, for a `CodeExecutor` or a
+    `KernelPool` (an executor on a pool must have the pool's). Checked when the executor or pool is made.
+
+    Args:
+        working_dir: The kernel's working directory, an existing folder. The kernel starts there,
+            and after every cell that moved away (or deleted the folder it was in) it is put back,
+            with a note in the output. ``None``: the application's working directory, and
+            ``os.chdir`` persists. With `RemoteGateway`, an absolute path on the kernel's host.
+        memory_limit: Memory for the kernel together with every process it starts, in bytes or as
+            ``"512M"``/``"2G"``; ``None``: no limit. Enforced with a control group where one can be
+            created (the kernel is killed when it goes over: the execution fails with a message
+            that says so, and a fresh kernel replaces it), else per process with ``RLIMIT_DATA``
+            (an allocation over it raises ``MemoryError``). Sandboxed, srt's own process counts too.
+        max_processes: Processes and threads the kernel may run at once, itself and everything it
+            starts included (at least 16); ``None``: no limit. A fork bomb then fails to fork, and
+            its processes are killed with the kernel's next replacement or at `stop()`.
+        warm_imports: Modules every kernel imports in a background thread once it has run no
+            cell for half a second (a spare kernel while it waits to be handed out), so that the
+            first cell that needs them finds them loaded; a cell importing one meanwhile waits for
+            that import. ``None`` or ``()``: nothing ahead. ``("matplotlib.pyplot",)`` makes a
+            first plot after an idle moment about 0.4 s faster and costs each kernel about 31 MB
+            (a sandboxed kernel also builds matplotlib's font cache at that import, seconds of CPU).
+        approve_shell_cmds: Whether shell commands in cells (``!cmd``, ``x = !cmd``, ``%%bash``,
+            ``%%sh``, ``%%script``) wait for approval like tool calls: an `ApprovalRequest` with
+            ``server_name="ipybox"`` and ``tool_name="shell"`` (``tool_args={"cmd": <the command
+            with variables filled in>}``) or ``tool_name="shell_magic"`` (``{"magic", "cmd": <the
+            cell>}``, and ``"args"`` when the magic's program has arguments). With ``sandbox=True``
+            this is a wall, not a guard: the kernel cannot start any program (a seccomp filter), and
+            an approved command runs on the tool server in a new sandbox with the kernel's settings.
+        require_shell_escape: Refuse processes started directly from cell code (``subprocess``,
+            ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn*``, ``pty.spawn``) with an
+            error that says to use ``!``. A Python-level guard that code can undo: it keeps an
+            agent on the approved path, it does not stop hostile code.
+        sandbox_hidden: With ``sandbox=True``: folders the kernel can neither read nor write,
+            whatever `sandbox_config` says, except `working_dir` when it lies inside one (the MCP
+            server hides its sessions' folders from each other this way).
+    """
+
+    working_dir: Path | str | None = None
+    memory_limit: int | str | None = None
+    max_processes: int | None = None
+    warm_imports: tuple[str, ...] | None = None
+    approve_shell_cmds: bool = False
+    require_shell_escape: bool = False
+    sandbox_hidden: tuple[Path, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolOptions:
+    """How generated code's tool calls reach the tool server, and what it lets through.
+
+    Args:
+        approve_tool_calls: Whether MCP tool calls wait for approval; ``False`` lets them run
+            unasked (shell commands still ask with ``approve_shell_cmds``).
+        max_result_size: Bytes one tool result may have on its way to the kernel (binary content
+            counts as its base64; default 32 MiB); a larger result fails that call with an error
+            naming the limit, and the next call works.
+        tool_channel: ``"http"`` (a local connection), or ``"stdin"``, over the kernel's own stdin
+            channel and the gateway's WebSocket, for a kernel that can reach nothing else (on another
+            host). With ``"stdin"`` locally, every guarantee stays (registry, policy, approval,
+            limits), calls only work while a cell runs, and ``input()`` raises ``EOFError``.
+            ``None`` (the default): ``"stdin"`` with a `RemoteGateway`, else ``"http"``.
+    """
+
+    approve_tool_calls: bool = True
+    max_result_size: int = DEFAULT_MAX_RESULT_SIZE
+    tool_channel: Literal["http", "stdin"] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RemoteGateway:
+    """An existing Jupyter gateway to run the kernel on, instead of starting a local one.
+
+    Kernel Gateway, or Enterprise Gateway and its process proxies (Kubernetes, Docker, YARN, SSH).
+    Kernels are started and stopped through its REST API; tool calls, approvals, plots and `upload`
+    travel over the gateway's own WebSocket, so the kernel needs no connection to this process and
+    no shared disk. Not available with it, as the cluster runs and isolates the kernel: ``sandbox``,
+    ``sandbox_config``, ``sandbox_hidden``, ``memory_limit``, ``max_processes``,
+    ``kernel_gateway_host``, ``kernel_gateway_port`` (a `ValueError` says why). As keywords of
+    `CodeExecutor`: ``kernel_gateway_url``, ``kernel_gateway_token``, ``kernel_name``,
+    ``kernel_start_timeout``.
+
+    Args:
+        url: Its address, e.g. ``"https://gateway.example.com"``.
+        token: Its auth token (sent as ``Authorization: token ...``); it never reaches the kernel.
+        kernel_name: The kernel spec to start (``GET /api/kernelspecs`` lists them); ``None``: its
+            default. Its Python needs ipybox installed (see ``deploy/``).
+        start_timeout: Seconds a kernel may take to start and be set up (a pod being scheduled, an
+            image pulled), at start, reset and recovery; past them `KernelStartTimeoutError`. The
+            gateway's own limit (Enterprise Gateway's ``KERNEL_LAUNCH_TIMEOUT``) may end it first.
+    """
+
+    url: str
+    # Never in a repr: with it, anyone could open kernels on the gateway.
+    token: str | None = field(default=None, repr=False)
+    kernel_name: str | None = None
+    start_timeout: float = 120
+
+
+class KernelKeywords(TypedDict, total=False):
+    """`KernelOptions`' fields, as keyword arguments of `CodeExecutor` and `KernelPool`."""
+
+    working_dir: Path | str | None
+    memory_limit: int | str | None
+    max_processes: int | None
+    warm_imports: tuple[str, ...] | None
+    approve_shell_cmds: bool
+    require_shell_escape: bool
+    sandbox_hidden: tuple[Path, ...]
+
+
+class ExecutorKeywords(KernelKeywords, total=False):
+    """The option objects' fields, as keyword arguments of `CodeExecutor`."""
+
+    approve_tool_calls: bool
+    max_result_size: int
+    tool_channel: Literal["http", "stdin"] | None
+    kernel_gateway_url: str | None
+    kernel_gateway_token: str | None
+    kernel_name: str | None
+    kernel_start_timeout: float
+
+
+def gather_options(
+    owner: str,
+    keywords: Mapping[str, object],
+    accepted: frozenset[str],
+    kernel: KernelOptions | None = None,
+    tools: ToolOptions | None = None,
+    remote: RemoteGateway | None = None,
+) -> dict[str, object]:
+    """The option objects and their fields given as keywords, as `ExecutorSettings` fields.
+
+    Raises:
+        TypeError: If a keyword is not one of `accepted` (as for any unknown keyword argument).
+        ValueError: If a setting is given both in an option object and as a keyword.
+    """
+    for name in keywords:
+        if name not in accepted:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+    values: dict[str, object] = {}
+    given = (
+        ("kernel", kernel, KernelOptions),
+        ("tools", tools, ToolOptions),
+        ("remote", remote, RemoteGateway),
+    )
+    for argument, option, kind in given:
+        if option is None:
+            continue
+        if not isinstance(option, kind):
+            raise ValueError(f"{argument} must be a {kind.__name__} or None, not {option!r}.")
+        if isinstance(option, RemoteGateway):
+            fields_ = {
+                "kernel_gateway_url": option.url,
+                "kernel_gateway_token": option.token,
+                "kernel_name": option.kernel_name,
+                "kernel_start_timeout": option.start_timeout,
+            }
+        else:
+            fields_ = {name: getattr(option, name) for name in option.__dataclass_fields__}
+        twice = sorted(fields_.keys() & keywords.keys())
+        if twice:
+            raise ValueError(
+                f"{twice[0]} was given both as a keyword and in {argument}={type(option).__name__}(...); "
+                "give it once."
+            )
+        values.update(fields_)
+    values.update(keywords)
+    if values.get("working_dir") is not None:
+        values["working_dir"] = Path(values["working_dir"])  # type: ignore[arg-type]  # a wrong kind fails here
+    return values
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -138,9 +138,8 @@ class IpyboxExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ships 
             self._tools = AppToolServer("smolagents")
         else:
             self._tools = AppToolServer(f"smolagents_{id(self):x}")
-        # The executor's own state, as CodeExecutor has no public flag for it: a started one runs on
-        # another event loop, which this one cannot drive.
-        if executor._kernels is not None:
+        # A started executor runs on another event loop, which this one cannot drive.
+        if executor.started:
             raise ValueError(
                 "IpyboxExecutor got a CodeExecutor that is already started, on another event loop; pass one "
                 "that is not started: IpyboxExecutor starts it on its own loop and stops it at cleanup()."

@@ -222,8 +222,8 @@ class ToolSession(_CellAnswers, SnapshotTools):
             return _error(f"Cannot register {server_name!r}: {exc}")
         # Under --sandbox the server must not run from where kernels write: refused before it is
         # started for the listing (the tool server checks again at every start).
-        tool_server = self.executor._tool_server
-        if tool_server is not None and (confinement := tool_server.confinement).writable:
+        confinement = self.executor.confinement
+        if confinement is not None and confinement.writable:
             from ipybox.app.mcp_client import StdioParams, confine, resolve_params
 
             try:

@@ -23,6 +23,7 @@ from ipybox import (
     CodeExecutor,
     generate_mcp_sources,
 )
+from ipybox.app.kernels import KernelHost
 from ipybox.errors import ApprovalDecisionError, KernelConnectionError
 from tests.conftest import DEMO_SERVER, TOOL_SERVER_CLIENT, command_line
 from tests.sandbox_support import require_sandbox
@@ -301,7 +302,7 @@ async def test_cancel_stops_a_running_execution_from_another_task(executor: Code
 async def test_cancel_right_after_the_execution_was_submitted_still_lands(executor: CodeExecutor) -> None:
     execution = asyncio.create_task(executor.execute("import time\ntime.sleep(30)"))
     # Private: the lock, taken on the task's first step, is the only sign the execution began.
-    while not executor._lock.locked():  # noqa: ASYNC110
+    while not executor.busy:  # noqa: ASYNC110
         await asyncio.sleep(0)
     await executor.cancel()
     with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
@@ -338,7 +339,7 @@ async def test_a_cancel_landing_in_an_ipython_hook_still_stops_the_cell(executor
     )
     execution = asyncio.create_task(executor.execute("cell_ran = True"))
     # Private: the lock, taken on the task's first step, is the only sign the execution began.
-    while not executor._lock.locked():  # noqa: ASYNC110
+    while not executor.busy:  # noqa: ASYNC110
         await asyncio.sleep(0)
     await executor.cancel()
     with pytest.raises(CodeExecutionError, match="KeyboardInterrupt"):
@@ -352,7 +353,7 @@ async def test_cancels_landing_anywhere_in_an_execution_always_end_it(executor: 
     for round_ in range(40):
         execution = asyncio.create_task(executor.execute(f"x = {round_}"))
         # Private: the lock, taken on the task's first step, is the only sign the execution began.
-        while not executor._lock.locked():  # noqa: ASYNC110
+        while not executor.busy:  # noqa: ASYNC110
             await asyncio.sleep(0)
         # Spread over the whole execution: some before the kernel starts it, some during, some after.
         for _ in range(round_ % 8):
@@ -572,7 +573,7 @@ async def test_a_failed_start_leaves_no_process_behind(workdir: Path) -> None:
 @pytest.mark.slow
 async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(executor: CodeExecutor) -> None:
     # Private: the executor does not expose its gateway, whose process tree is what is checked.
-    assert executor._kernels is not None and executor._kernels.gateway.pid is not None
+    assert isinstance(executor._kernels, KernelHost) and executor._kernels.gateway.pid is not None
     fixture_gateway = psutil.Process(executor._kernels.gateway.pid)
 
     def running() -> set[int]:
@@ -648,7 +649,7 @@ async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExec
     import httpx2
 
     # Private: the gateway's port is not public; the attack needs it to talk to the gateway directly.
-    assert executor._kernels is not None
+    assert isinstance(executor._kernels, KernelHost)
     async with httpx2.AsyncClient() as http:
         response = await http.post(f"http://localhost:{executor._kernels.gateway.port}/api/kernels", json={})
     assert response.status_code in (401, 403)

@@ -1,14 +1,16 @@
 """The executor: `CodeExecutor`, the one composition root of the application side.
 
-Owns what an application holds: starting and stopping the parts below it in order, running cells
-and streaming their output (``_cells``), snapshots of a kernel's namespace (``_snapshot``,
-``_snapshots``), the cell results (``_results``) and the wiring of policy, gate and audit trail
-into the tool server (``_oversight``).
+Owns what an application holds: starting and stopping the parts below it in order (``_parts``:
+tool server, kernels, approval client), running cells and streaming their output (``_cells``),
+snapshots of a kernel's namespace (``_snapshot``), the cell results (``_results``) and the wiring
+of policy, gate and audit trail into the tool server (``_oversight``). Its option objects
+(`KernelOptions`, `ToolOptions`, `RemoteGateway`) are defined in ``app/_settings``.
 
 May import (within ``ipybox.app``): ``pool``, ``kernels``, ``tools``, ``approval``, ``mcp_client``,
 ``sandbox``, ``_settings``, ``_tracing``.
 """
 
+from ipybox.app._settings import KernelOptions, RemoteGateway, ToolOptions
 from ipybox.app.executor._executor import CodeExecutor
 from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app.executor._snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, SnapshotReport
@@ -18,5 +20,8 @@ __all__ = [
     "CodeExecutionChunk",
     "CodeExecutionResult",
     "CodeExecutor",
+    "KernelOptions",
+    "RemoteGateway",
     "SnapshotReport",
+    "ToolOptions",
 ]

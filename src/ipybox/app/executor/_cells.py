@@ -1,10 +1,10 @@
-"""Running cells on a `CodeExecutor`'s kernel: `execute`, `stream` and `cancel`, one at a time.
+"""`Cells`: running cells on an executor's kernel (`execute`, `stream`, `cancel`), one at a time.
 
-Application side only. `_Cells` is a base of :class:`ipybox.app.executor._executor.CodeExecutor`: it runs
-one cell at a time on the executor's kernel, hands the tool server's approval requests to the
-running cell's stream (and rejects those that come while no cell runs), turns the kernel's output
-into chunks and the result, has a kernel that died mid-cell replaced, and refuses the requests
-nobody decided once the stream ends. The executor (``_executor.py``) holds the lifecycle.
+Application side only. A `CodeExecutor` holds one `Cells`: it runs one cell at a time on the
+executor's kernel, hands the tool server's approval requests to the running cell's stream (and
+rejects those that come while no cell runs), turns the kernel's output into chunks and the result,
+has a kernel that died mid-cell replaced by its `KernelSource`, and refuses the requests nobody
+decided once the stream ends. Its lock is the executor's: a reset or a snapshot waits for the cell.
 """
 
 from __future__ import annotations
@@ -19,9 +19,7 @@ import anyio
 from ipybox.app.approval import ApprovalRequest
 from ipybox.app.executor._oversight import Oversight
 from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
-from ipybox.app.kernels import ExecutionResult, KernelHost, RemoteKernelHost
-from ipybox.app.pool import PooledKernels
-from ipybox.app.tools import ToolServer
+from ipybox.app.kernels import ExecutionResult, KernelSource
 from ipybox.errors import (
     ApprovalError,
     CodeExecutionError,
@@ -30,91 +28,42 @@ from ipybox.errors import (
     KernelDiedError,
 )
 
-_Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
+__all__ = ["Cells", "Item"]
+
+Item = ApprovalRequest | CodeExecutionChunk | CodeExecutionResult
+"""What `CodeExecutor.stream` yields."""
 
 
-class _Cells:
-    """`CodeExecutor`'s cells: `execute`, `stream`, `cancel` and the approval requests they surface."""
+class Cells:
+    """Runs one cell at a time on an executor's kernels; the cells' approval requests come out of `stream`.
 
-    _oversight: Oversight
-    # The parts `CodeExecutor.start()` makes and `stop()` drops.
-    _tool_server: ToolServer | None
-    _kernels: KernelHost | PooledKernels | RemoteKernelHost | None
-    # The running execution: one at a time.
-    _lock: asyncio.Lock
-    _requests: asyncio.Queue[_Item | None] | None
-    _runner: asyncio.Task[None] | None
+    Args:
+        oversight: The executor's spans (one per cell).
+    """
 
-    async def cancel(self) -> None:
-        """Interrupt the running execution, if any, from another task.
+    def __init__(self, oversight: Oversight) -> None:
+        self._oversight = oversight
+        # Held while a cell runs; whatever else needs the kernel to itself (reset, snapshots) takes it.
+        self.lock = asyncio.Lock()
+        self._requests: asyncio.Queue[Item | None] | None = None
+        self._runner: asyncio.Task[None] | None = None
 
-        The interrupted `stream()` or `execute()` raises `CodeExecutionError` with
-        ``ename == "KeyboardInterrupt"``; the kernel keeps its state.
-
-        Raises:
-            RuntimeError: If the executor is not started.
-        """
-        kernels, _ = self._require_started()
+    async def cancel(self, kernels: KernelSource) -> None:
+        """Interrupt the running cell, if any (see `CodeExecutor.cancel`)."""
         runner = self._runner
-        if self._lock.locked() and runner is not None and not runner.done():
+        if self.lock.locked() and runner is not None and not runner.done():
             # Sent once the kernel has started the code, however long that takes, unless the
             # execution ends first.
             await kernels.client.interrupt(wait_until_started=True, ended=runner)
 
-    async def execute(self, code: str, timeout: float = 120) -> CodeExecutionResult:
-        """Run code, approving every tool call it makes, and return the result.
-
-        Args:
-            code: Python code; top-level ``await`` works.
-            timeout: Seconds the whole execution may take.
-
-        Returns:
-            The complete output text and images.
-
-        Raises:
-            CodeExecutionError: If the code raised, including a failed tool call.
-            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
-                its state and the executor stays usable.
-            RuntimeError: If the executor is not started.
-        """
-        async with contextlib.aclosing(self.stream(code, timeout=timeout)) as items:
-            async for item in items:
-                if isinstance(item, ApprovalRequest):
-                    await item.accept()
-                elif isinstance(item, CodeExecutionResult):
-                    return item
-        raise AssertionError("stream() always ends with a CodeExecutionResult")  # pragma: no cover
-
     async def stream(
-        self, code: str, timeout: float = 120, chunks: bool = False
-    ) -> AsyncGenerator[_Item, None]:
-        """Run code, yielding approval requests, output chunks and the final result.
-
-        Every tool call the code makes is yielded as an `ApprovalRequest`, and waits until
-        it is accepted or rejected (or `approval_timeout` passes). A rejected call raises
-        inside the kernel. A second `stream()` on the same executor waits for the first.
-
-        Args:
-            code: Python code; top-level ``await`` works.
-            timeout: Seconds the whole execution may take, approval waits included.
-            chunks: Also yield `CodeExecutionChunk` items as output arrives.
-
-        Yields:
-            `ApprovalRequest` and (with ``chunks=True``) `CodeExecutionChunk` items, then
-            one `CodeExecutionResult`.
-
-        Raises:
-            CodeExecutionError: If the code raised, a tool call was rejected or failed, or
-                the kernel died (it is replaced by a fresh one; state is lost).
-            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
-                its state and the executor stays usable.
-            RuntimeError: If the executor is not started.
-        """
-        kernels, _ = self._require_started()
-        async with self._lock:
+        self, kernels: KernelSource, code: str, timeout: float, chunks: bool
+    ) -> AsyncGenerator[Item, None]:
+        """Run `code` on `kernels`' kernel (see `CodeExecutor.stream`)."""
+        async with self.lock:
             kernel = kernels.client
             cell_span = self._oversight.start_cell(code)
-            items: asyncio.Queue[_Item | None] = asyncio.Queue()  # None ends the stream
+            items: asyncio.Queue[Item | None] = asyncio.Queue()  # None ends the stream
             self._requests = items
             runner = asyncio.create_task(
                 self._run(kernel.stream(code, timeout=timeout), kernels, chunks, items)
@@ -154,9 +103,9 @@ class _Cells:
     async def _run(
         self,
         outputs: AsyncGenerator[str | ExecutionResult, None],
-        kernels: KernelHost | PooledKernels | RemoteKernelHost,
+        kernels: KernelSource,
         chunks: bool,
-        items: asyncio.Queue[_Item | None],
+        items: asyncio.Queue[Item | None],
     ) -> None:
         try:
             async for item in outputs:
@@ -178,14 +127,10 @@ class _Cells:
         finally:
             items.put_nowait(None)
 
-    async def _on_approval_request(self, request: ApprovalRequest) -> None:
+    async def on_approval_request(self, request: ApprovalRequest) -> None:
+        """Hand a tool call's approval request to the running cell's stream, or refuse it if none runs."""
         if self._requests is None:
             # No execution is running (e.g. a thread the code left behind): nobody can decide.
             await request._abandon()
         else:
             self._requests.put_nowait(request)
-
-    def _require_started(self) -> tuple[KernelHost | PooledKernels | RemoteKernelHost, ToolServer]:
-        if self._kernels is None or self._tool_server is None:
-            raise RuntimeError("The code executor is not started; call start() or use 'async with'.")
-        return self._kernels, self._tool_server

@@ -1,39 +1,46 @@
 """`CodeExecutor`: kernel, tool server and approval composed into one SDK object.
 
-Application side only. This module holds its arguments and its lifecycle (`start`, `stop`,
-`reset`, `upload`); running cells (`execute`, `stream`, `cancel`) is its base `_Cells`
-(``_cells.py``).
+Application side only. The executor is the one composition root, and holds its parts rather
+than inheriting them: `Parts` (``_parts.py``) starts and stops the tool server, the kernels (one
+`KernelSource`) and the approval client; `Cells` (``_cells.py``) runs one cell at a time; the
+snapshot work is in ``_snapshot.py``. This module holds the arguments and the public methods.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-from contextlib import AsyncExitStack
+import contextlib
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Self, Unpack
 
-from ipybox._wire import StdinChannel, ToolServerEnv
-from ipybox.app import sandbox as _sandbox
-from ipybox.app._settings import ExecutorSettings
-from ipybox.app.approval import ApprovalClient, Policy
-from ipybox.app.executor._cells import _Cells, _Item
-from ipybox.app.executor._oversight import Oversight
-from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
-from ipybox.app.executor._snapshots import _Snapshots
-from ipybox.app.kernels import KernelHost, RemoteKernelHost
-from ipybox.app.mcp_client import ServerRegistry, default_registry
-from ipybox.app.pool import KernelPool, PooledKernels
-from ipybox.app.tools import DEFAULT_MAX_RESULT_SIZE, StdinToolCalls, ToolServer
-from ipybox.errors import (
-    CodeExecutionError,
+from ipybox.app._settings import (
+    ExecutorKeywords,
+    ExecutorSettings,
+    KernelOptions,
+    RemoteGateway,
+    ToolOptions,
+    gather_options,
 )
+from ipybox.app.approval import ApprovalRequest, Policy
+from ipybox.app.executor import _snapshot
+from ipybox.app.executor._cells import Cells, Item
+from ipybox.app.executor._oversight import Oversight
+from ipybox.app.executor._parts import Parts
+from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
+from ipybox.app.executor._snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, SnapshotReport
+from ipybox.app.kernels import KernelSource, RemoteKernelHost
+from ipybox.app.mcp_client import ServerRegistry, default_registry
+from ipybox.app.pool import KernelPool
+from ipybox.app.sandbox import KernelConfinement
+from ipybox.app.tools import ToolServer
+from ipybox.errors import CodeExecutionError
 
 __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "CodeExecutor"]
 
 
-class CodeExecutor(_Cells, _Snapshots):
+class CodeExecutor:
     """Runs Python in a stateful IPython kernel, with MCP tool calls approved by the application.
 
     `start()` launches a tool server and a Jupyter Kernel Gateway and connects a kernel.
@@ -73,46 +80,13 @@ class CodeExecutor(_Cells, _Snapshots):
             ``sandbox=True``); the fixed rules (protected names, the trusted registry, credential
             files, the tool server reachable) hold whatever it says.
         log_level: Log level of the tool server and kernel gateway.
-        approve_tool_calls: Whether MCP tool calls wait for approval; ``False`` lets them run
-            unasked (shell commands still ask with ``approve_shell_cmds``).
-        approve_shell_cmds: Whether shell commands in cells (``!cmd``, ``x = !cmd``, ``%%bash``,
-            ``%%sh``, ``%%script``) wait for approval like tool calls: an `ApprovalRequest` with
-            ``server_name="ipybox"`` and ``tool_name="shell"`` (``tool_args={"cmd": <the command
-            with variables filled in>}``) or ``tool_name="shell_magic"`` (``{"magic", "cmd": <the
-            cell>}``, and ``"args"`` when the magic's program has arguments). With ``sandbox=True``
-            this is a wall, not a guard: the kernel cannot start any program (a seccomp filter), and
-            an approved command runs on the tool server in a new sandbox with the kernel's settings.
-        require_shell_escape: Refuse processes started directly from cell code (``subprocess``,
-            ``os.system``, ``os.exec*``, ``os.spawn*``, ``os.posix_spawn*``, ``pty.spawn``) with an
-            error that says to use ``!``. A Python-level guard that code can undo: it keeps an
-            agent on the approved path, it does not stop hostile code.
-        memory_limit: Memory for the kernel together with every process it starts, in bytes or as
-            ``"512M"``/``"2G"``; ``None``: no limit. Enforced with a control group where one can be
-            created (the kernel is killed when it goes over: the execution fails with a message
-            that says so, and a fresh kernel replaces it), else per process with ``RLIMIT_DATA``
-            (an allocation over it raises ``MemoryError``). Sandboxed, srt's own process counts too.
-        max_processes: Processes and threads the kernel may run at once, itself and everything it
-            starts included (at least 16); ``None``: no limit. A fork bomb then fails to fork, and
-            its processes are killed with the kernel's next replacement or at `stop()`.
-        working_dir: The kernel's working directory, an existing folder. The kernel starts there,
-            and after every cell that moved away (or deleted the folder it was in) it is put back,
-            with a note in the output. ``None``: the application's working directory, and
-            ``os.chdir`` persists.
+        kernel: What each kernel is (`KernelOptions`: working directory, memory and process limits,
+            shell approval, modules imported ahead, hidden folders); shared with `KernelPool`.
+        tools: How tool calls reach the tool server and what it lets through (`ToolOptions`:
+            approval of tool calls, the largest result, the channel).
+        remote: Run the kernel on an existing gateway (`RemoteGateway`) instead of starting a local one.
         spare_kernel: Keep a spare kernel warm so that `reset()` takes milliseconds; ``False``
             saves that kernel's memory (the MCP server's HTTP sessions do).
-        warm_imports: Modules every kernel imports in a background thread once it has run no
-            cell for half a second (a spare kernel while it waits to be handed out), so that the
-            first cell that needs them finds them loaded; a cell importing one meanwhile waits for
-            that import. ``None`` or ``()``: nothing ahead. ``("matplotlib.pyplot",)`` makes a
-            first plot after an idle moment about 0.4 s faster and costs each kernel about 31 MB
-            (a sandboxed kernel also builds matplotlib's font cache at that import, seconds of
-            CPU).
-        max_result_size: Bytes one tool result may have on its way to the kernel (binary content
-            counts as its base64; default 32 MiB); a larger result fails that call with an error
-            naming the limit, and the next call works.
-        sandbox_hidden: With ``sandbox=True``: folders the kernel can neither read nor write,
-            whatever `sandbox_config` says, except `working_dir` when it lies inside one (the MCP
-            server hides its sessions' folders from each other this way).
         tracing: OpenTelemetry spans for each cell, tool call (with its approval wait as a child)
             and MCP server start: ``True`` sends them to OpenTelemetry's global tracer provider, an
             OpenTelemetry ``TracerProvider`` to that one (``pip install 'ipybox[otel]'`` for the SDK and exporter);
@@ -130,37 +104,21 @@ class CodeExecutor(_Cells, _Snapshots):
             ``generate_mcp_sources``. With ``sandbox=True`` the kernel can never write its folder.
         pool: Take kernels from this `KernelPool` (its gateway, a ready kernel at start and at each
             reset) instead of starting a gateway; the executor's kernel settings must be the pool's.
-        tool_channel: How generated code's tool calls reach the tool server: ``"http"`` (a local
-            connection), or ``"stdin"``, over the kernel's own stdin channel and the gateway's
-            WebSocket, for a kernel that can reach nothing else (on another host). Mainly for remote
-            kernels; with ``"stdin"`` locally, every guarantee stays (registry, policy, approval,
-            limits), calls only work while a cell runs, and ``input()`` raises ``EOFError``.
-            ``None`` (the default): ``"stdin"`` with `kernel_gateway_url`, else ``"http"``.
-        kernel_gateway_url: The address of an existing Jupyter gateway (Kernel Gateway, or
-            Enterprise Gateway and its process proxies: Kubernetes, Docker, YARN, SSH) to run the
-            kernel on, instead of starting a local one, e.g. ``"https://gateway.example.com"``.
-            Kernels are started and stopped through its REST API; tool calls, approvals, plots and
-            `upload` travel over the gateway's own WebSocket, so the kernel needs no connection to
-            this process and no shared disk. `working_dir` is then an absolute path on the kernel's
-            host (made if missing). Not available with it, as the cluster runs and isolates the
-            kernel: ``sandbox``, ``sandbox_config``, ``sandbox_hidden``, ``memory_limit``,
-            ``max_processes``, ``kernel_gateway_host``, ``kernel_gateway_port`` (a `ValueError`
-            says why).
-        kernel_gateway_token: The gateway's auth token (sent as ``Authorization: token ...``); it
-            never reaches the kernel.
-        kernel_name: The gateway's kernel spec to start (``GET /api/kernelspecs`` lists them);
-            ``None``: its default. Its Python needs ipybox installed (see ``deploy/``).
-        kernel_start_timeout: Seconds a kernel on `kernel_gateway_url` may take to start and be
-            set up (a pod being scheduled, an image pulled), at start, reset and recovery; past
-            them `KernelStartTimeoutError`. The gateway's own limit (Enterprise Gateway's
-            ``KERNEL_LAUNCH_TIMEOUT``) may end it first.
+        **keywords: The fields of `KernelOptions` and `ToolOptions` under their own names
+            (``working_dir=``, ``memory_limit=``, ``max_processes=``, ``warm_imports=``,
+            ``approve_shell_cmds=``, ``require_shell_escape=``, ``sandbox_hidden=``,
+            ``approve_tool_calls=``, ``max_result_size=``, ``tool_channel=``) and those of
+            `RemoteGateway` as ``kernel_gateway_url=``, ``kernel_gateway_token=``, ``kernel_name=``,
+            ``kernel_start_timeout=``: the same settings as the option object with that field.
 
     The arguments are checked at once and kept, frozen, as `settings`.
 
     Raises:
         ValueError: If an argument is out of range or of the wrong kind (the message names it),
             `sandbox_config` is given without ``sandbox=True``, the settings differ from `pool`'s,
-            or an option that needs a local kernel is given with `kernel_gateway_url`.
+            an option that needs a local kernel is given with a remote gateway, or a setting is
+            given both in an option object and as a keyword.
+        TypeError: If a keyword argument is none of the above.
     """
 
     def __init__(
@@ -177,27 +135,20 @@ class CodeExecutor(_Cells, _Snapshots):
         sandbox_config: Path | None = None,
         log_level: str = "WARNING",
         *,
-        approve_tool_calls: bool = True,
-        approve_shell_cmds: bool = False,
-        require_shell_escape: bool = False,
-        working_dir: Path | str | None = None,
-        memory_limit: int | str | None = None,
-        max_processes: int | None = None,
+        kernel: KernelOptions | None = None,
+        tools: ToolOptions | None = None,
+        remote: RemoteGateway | None = None,
         spare_kernel: bool = True,
-        warm_imports: tuple[str, ...] | None = None,
-        max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
-        sandbox_hidden: tuple[Path, ...] = (),
         tracing: Any = False,
         policy: Policy | None = None,
         audit: bool | Path = False,
         registry: ServerRegistry | None = None,
         pool: KernelPool | None = None,
-        tool_channel: Literal["http", "stdin"] | None = None,
-        kernel_gateway_url: str | None = None,
-        kernel_gateway_token: str | None = None,
-        kernel_name: str | None = None,
-        kernel_start_timeout: float = 120,
+        **keywords: Unpack[ExecutorKeywords],
     ) -> None:
+        options = gather_options(
+            "CodeExecutor", keywords, ExecutorKeywords.__optional_keys__, kernel, tools, remote
+        )
         self._settings = ExecutorSettings(
             tool_server_host=tool_server_host,
             tool_server_port=tool_server_port,
@@ -210,48 +161,18 @@ class CodeExecutor(_Cells, _Snapshots):
             sandbox=sandbox,
             sandbox_config=sandbox_config,
             log_level=log_level,
-            approve_tool_calls=approve_tool_calls,
-            approve_shell_cmds=approve_shell_cmds,
-            require_shell_escape=require_shell_escape,
-            working_dir=Path(working_dir) if working_dir is not None else None,
-            memory_limit=memory_limit,
-            max_processes=max_processes,
             spare_kernel=spare_kernel,
-            warm_imports=warm_imports,
-            max_result_size=max_result_size,
-            sandbox_hidden=sandbox_hidden,
-            tool_channel=tool_channel,
-            kernel_gateway_url=kernel_gateway_url,
-            kernel_gateway_token=kernel_gateway_token,
-            kernel_name=kernel_name,
-            kernel_start_timeout=kernel_start_timeout,
+            **options,  # type: ignore[arg-type]  # each checked by ExecutorSettings
         )
         # Objects the application keeps, not settings: the live rules, the trail, spans, the registry.
         self._oversight = Oversight(policy, audit, tracing)
         self._registry = registry if registry is not None else default_registry()
         if pool is not None:
-            if self._settings.remote:
-                raise ValueError(
-                    "pool and kernel_gateway_url were both given; a pool keeps kernels on its own local "
-                    "gateway. Drop one of them."
-                )
-            if self._settings.tool_channel != "http":
-                raise ValueError(
-                    "tool_channel='stdin' is for kernels on another host; a pool's kernels are local and "
-                    "reach their tool server directly: leave tool_channel at 'http' with pool."
-                )
-            pool._check(self._settings, self._registry)
+            pool.check(self._settings, self._registry)
         self._pool = pool
-        # The parts, made by start() and dropped by stop(); each owns its own lifecycle.
-        self._tool_server: ToolServer | None = None
-        self._kernels: KernelHost | PooledKernels | RemoteKernelHost | None = None
-        self._approval: ApprovalClient | None = None
-        self._socket_dir: Path | None = None
-        self._stdin_calls: StdinToolCalls | None = None
-        # The running execution: one at a time.
-        self._lock = asyncio.Lock()
-        self._requests: asyncio.Queue[_Item | None] | None = None
-        self._runner: asyncio.Task[None] | None = None
+        self._cells = Cells(self._oversight)
+        # What start() makes and stop() ends: tool server, kernels, approval client.
+        self._parts: Parts | None = None
 
     @property
     def settings(self) -> ExecutorSettings:
@@ -264,9 +185,20 @@ class CodeExecutor(_Cells, _Snapshots):
         return self._registry
 
     @property
+    def started(self) -> bool:
+        """Whether the executor is started (between `start()` and `stop()`)."""
+        return self._parts is not None
+
+    @property
+    def confinement(self) -> KernelConfinement | None:
+        """What the kernels can write, as the tool server holds it (it refuses to run an MCP server
+        from there); ``None`` while the executor is not started."""
+        return self._parts.tool_server.confinement if self._parts is not None else None
+
+    @property
     def busy(self) -> bool:
         """Whether a cell is running (or waiting to run) now."""
-        return self._lock.locked()
+        return self._cells.lock.locked()
 
     @property
     def session_id(self) -> str:
@@ -281,6 +213,16 @@ class CodeExecutor(_Cells, _Snapshots):
     @policy.setter
     def policy(self, policy: Policy | None) -> None:
         self._oversight.policy = policy
+
+    @property
+    def _kernels(self) -> KernelSource | None:
+        # White-box tests reach the kernels' gateway and client through this.
+        return self._parts.kernels if self._parts is not None else None
+
+    @property
+    def _tool_server(self) -> ToolServer | None:
+        # White-box tests reach the tool server through this.
+        return self._parts.tool_server if self._parts is not None else None
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -304,103 +246,85 @@ class CodeExecutor(_Cells, _Snapshots):
             KernelConnectionError: If no kernel could be created.
             ApprovalConnectionError: If the approval connection to the tool server failed.
         """
-        if self._kernels is not None:
+        if self._parts is not None:
             raise RuntimeError("The code executor is already started; call stop() first.")
-        settings = self._settings
-        # .env of the working directory is read when an MCP server starts (mcp_client._params),
-        # not copied into this process's environment.
-        async with AsyncExitStack() as stack:
-            trail_dir = self._oversight.open()
-            stack.callback(self._oversight.close)
-            # A sandboxed kernel has no network: it reaches the tool server through a Unix socket,
-            # in a folder other executors' kernels cannot see.
-            socket_dir = _sandbox.tools_dir() if settings.sandbox else None
-            if socket_dir is not None:
-                stack.callback(shutil.rmtree, socket_dir, True)
-            tool_server = ToolServer(
-                host=settings.tool_server_host,
-                port=settings.tool_server_port or 0,
-                approval_timeout=settings.approval_timeout,
-                connect_timeout=settings.connect_timeout,
-                log_level=settings.log_level,
-                log_to_stderr=True,
-                registry=self._registry,
-                scope=settings.import_folders(),
-                approve_tool_calls=settings.approve_tool_calls,
-                max_result_size=settings.max_result_size,
-                uds=socket_dir / "tools.sock" if socket_dir is not None else None,
-            )
-            self._oversight.attach(tool_server)
-            await stack.enter_async_context(tool_server)
-            # ---- the kernel's stdin channel for tool calls (tool_channel="stdin") ----
-            stdin_calls = StdinToolCalls(tool_server) if settings.tool_channel == "stdin" else None
-            if stdin_calls is not None:
-                stack.push_async_callback(stdin_calls.aclose)
-            address = ToolServerEnv(
-                host=settings.tool_server_host,
-                port=tool_server.port,
-                token=tool_server.token,
-                socket=str(tool_server.uds) if tool_server.uds is not None else None,
-                channel=StdinChannel.VALUE if stdin_calls is not None else None,
-            )
-            kernel_env = {**settings.kernel_settings(), **address.to_env()}
-            # The audit trail's folder too: a sandboxed kernel can neither read nor write it.
-            hidden = (trail_dir,) if trail_dir is not None else ()
-            kernels: KernelHost | PooledKernels | RemoteKernelHost
-            if settings.remote:
-                assert stdin_calls is not None  # a remote kernel's calls come over its stdin channel
-                kernels = RemoteKernelHost(
-                    settings, kernel_env, on_start=tool_server.confine, stdin_handler=stdin_calls
-                )
-            elif self._pool is not None:
-                kernels = self._pool._kernels_for(settings, address, tool_server.confine, hidden)
-            else:
-                # The tool server learns from the gateway, at each of its starts, where kernels write.
-                kernels = KernelHost(
-                    settings,
-                    kernel_env,
-                    on_start=tool_server.confine,
-                    hidden=hidden,
-                    registry_dir=self._registry.path.parent,
-                    stdin_handler=stdin_calls,
-                )
-            await kernels.start()
-            stack.push_async_callback(kernels.stop)
-            approval = ApprovalClient(
-                callback=self._on_approval_request,
-                host=settings.tool_server_host,
-                port=tool_server.port,
-                secret=tool_server.approval_secret,
-            )
-            await stack.enter_async_context(approval)
-            self._tool_server, self._kernels, self._approval = tool_server, kernels, approval
-            self._socket_dir, self._stdin_calls = socket_dir, stdin_calls
-            # From here on stop() takes everything down; the stack only served a failed start.
-            stack.pop_all()
+        self._parts = await Parts.start(
+            self._settings, self._registry, self._oversight, self._pool, self._cells.on_approval_request
+        )
 
     async def stop(self) -> None:
         """Stop the kernel, the kernel gateway and the tool server with its MCP servers.
 
         Stopping a stopped executor does nothing.
         """
-        approval, kernels, tool_server = self._approval, self._kernels, self._tool_server
-        socket_dir, stdin_calls = self._socket_dir, self._stdin_calls
-        self._approval = self._kernels = self._tool_server = self._socket_dir = self._stdin_calls = None
-        if approval is None or kernels is None or tool_server is None:
-            return
-        try:
-            await approval.disconnect()
-        finally:
-            # Both run to their end even if one fails; the first failure is raised.
-            outcomes = await asyncio.gather(kernels.stop(), tool_server.stop(), return_exceptions=True)
-            if stdin_calls is not None:
-                await stdin_calls.aclose()
-            self._oversight.close()
-            if socket_dir is not None:
-                shutil.rmtree(socket_dir, ignore_errors=True)
-            for outcome in outcomes:
-                if isinstance(outcome, BaseException):
-                    raise outcome
+        parts, self._parts = self._parts, None
+        if parts is not None:
+            await parts.stop()
+
+    async def cancel(self) -> None:
+        """Interrupt the running execution, if any, from another task.
+
+        The interrupted `stream()` or `execute()` raises `CodeExecutionError` with
+        ``ename == "KeyboardInterrupt"``; the kernel keeps its state.
+
+        Raises:
+            RuntimeError: If the executor is not started.
+        """
+        await self._cells.cancel(self._require_started().kernels)
+
+    async def execute(self, code: str, timeout: float = 120) -> CodeExecutionResult:
+        """Run code, approving every tool call it makes, and return the result.
+
+        Args:
+            code: Python code; top-level ``await`` works.
+            timeout: Seconds the whole execution may take.
+
+        Returns:
+            The complete output text and images.
+
+        Raises:
+            CodeExecutionError: If the code raised, including a failed tool call.
+            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
+                its state and the executor stays usable.
+            RuntimeError: If the executor is not started.
+        """
+        async with contextlib.aclosing(self.stream(code, timeout=timeout)) as items:
+            async for item in items:
+                if isinstance(item, ApprovalRequest):
+                    await item.accept()
+                elif isinstance(item, CodeExecutionResult):
+                    return item
+        raise AssertionError("stream() always ends with a CodeExecutionResult")  # pragma: no cover
+
+    async def stream(
+        self, code: str, timeout: float = 120, chunks: bool = False
+    ) -> AsyncGenerator[Item, None]:
+        """Run code, yielding approval requests, output chunks and the final result.
+
+        Every tool call the code makes is yielded as an `ApprovalRequest`, and waits until
+        it is accepted or rejected (or `approval_timeout` passes). A rejected call raises
+        inside the kernel. A second `stream()` on the same executor waits for the first.
+
+        Args:
+            code: Python code; top-level ``await`` works.
+            timeout: Seconds the whole execution may take, approval waits included.
+            chunks: Also yield `CodeExecutionChunk` items as output arrives.
+
+        Yields:
+            `ApprovalRequest` and (with ``chunks=True``) `CodeExecutionChunk` items, then
+            one `CodeExecutionResult`.
+
+        Raises:
+            CodeExecutionError: If the code raised, a tool call was rejected or failed, or
+                the kernel died (it is replaced by a fresh one; state is lost).
+            TimeoutError: If the execution took longer than `timeout`; the kernel keeps
+                its state and the executor stays usable.
+            RuntimeError: If the executor is not started.
+        """
+        cells = self._cells.stream(self._require_started().kernels, code, timeout, chunks)
+        async with contextlib.aclosing(cells):
+            async for item in cells:
+                yield item
 
     async def reset(self) -> None:
         """Give the executor a fresh kernel and stop all MCP servers.
@@ -412,11 +336,11 @@ class CodeExecutor(_Cells, _Snapshots):
             RuntimeError: If the executor is not started.
             KernelConnectionError: If no fresh kernel could be created.
         """
-        kernels, tool_server = self._require_started()
-        async with self._lock:
+        parts = self._require_started()
+        async with self._cells.lock:
             # Both resets run to their end even when one fails; the first failure is raised.
             outcomes = await asyncio.gather(
-                kernels.client.reset(), tool_server.reset(), return_exceptions=True
+                parts.kernels.client.reset(), parts.tool_server.reset(), return_exceptions=True
             )
             for outcome in outcomes:
                 if isinstance(outcome, BaseException):
@@ -450,13 +374,13 @@ class CodeExecutor(_Cells, _Snapshots):
                 path inside the working directory.
             KernelConnectionError: If the kernel could not unpack it.
         """
-        kernels, _ = self._require_started()
+        kernels = self._require_started().kernels
         if not isinstance(kernels, RemoteKernelHost):
             raise RuntimeError(
                 "upload() is for kernels on a remote gateway (kernel_gateway_url); a local kernel reads "
                 "its working_dir directly: write the files there."
             )
-        async with self._lock:
+        async with self._cells.lock:
             return await kernels.upload(Path(source), dest)
 
     async def download(self, path: str, max_bytes: int = 64 * 1024 * 1024) -> bytes:
@@ -474,10 +398,95 @@ class CodeExecutor(_Cells, _Snapshots):
             ValueError: If the kernel could not read the file, it is over `max_bytes`, or it
                 changed while it was read.
         """
-        kernels, _ = self._require_started()
+        kernels = self._require_started().kernels
         if not isinstance(kernels, RemoteKernelHost):
             raise RuntimeError(
                 "download() is for kernels on a remote gateway; read a local kernel's files directly."
             )
-        async with self._lock:
+        async with self._cells.lock:
             return await kernels.download(path, max_bytes)
+
+    async def save_snapshot(
+        self,
+        path: Path | str,
+        *,
+        max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+        timeout: float = 120,
+        dir_fd: int | None = None,
+    ) -> SnapshotReport:
+        """Write the kernel's state to the file `path`, to be loaded later into a fresh kernel.
+
+        Kept: the user's variables, functions, classes and their instances (each name pickled on
+        its own, in the kernel; names that held one object hold one object again), the modules
+        bound to names (imported again by name) and the working directory. Not kept, and named in
+        the report: open files, sockets and clients, threads, running tasks, generators and frames,
+        values that cannot be pickled (each name with its reason), IPython's history and output
+        cache, ipybox's own plumbing and the MCP servers' sessions (`SnapshotReport.not_kept`).
+        The file is written by the kernel and only checked here (never unpickled); it replaces
+        `path` atomically once whole. A name that would take it over `max_bytes` is left out.
+
+        Args:
+            path: The snapshot file to write (its folder must exist).
+            max_bytes: The largest snapshot (default 2 GiB).
+            timeout: Seconds the kernel may take to write it.
+            dir_fd: A descriptor of the folder to write in; `path` is then a file name in it,
+                and no link is followed.
+
+        Returns:
+            The names saved and left out, the modules, the working directory, size and time.
+
+        Raises:
+            RuntimeError: If the executor is not started.
+            SnapshotError: If the kernel failed, died or wrote no whole snapshot, or `path`'s folder
+                cannot be written.
+            TimeoutError: If the kernel took longer than `timeout`.
+        """
+        kernels = self._require_started().kernels
+        async with self._cells.lock:
+            return await _snapshot.save(
+                kernels, self._settings, path, dir_fd=dir_fd, max_bytes=max_bytes, timeout=timeout
+            )
+
+    async def load_snapshot(
+        self,
+        path: Path | str,
+        *,
+        max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+        timeout: float = 120,
+        dir_fd: int | None = None,
+    ) -> SnapshotReport:
+        """Load the snapshot at `path` into the kernel (normally a fresh one); its names replace
+        those of the same name.
+
+        The file is checked here (whole, of this format, under `max_bytes`) and unpickled only in the
+        kernel, with the kernel's rights (sandboxed when the executor is): a hostile snapshot can do
+        what a cell can, nothing more. A name that fails to load is reported in `left_out` and the
+        others load; the file is never changed.
+
+        Args:
+            path: The snapshot file.
+            max_bytes: The largest snapshot taken (default 2 GiB).
+            timeout: Seconds the kernel may take to load it.
+            dir_fd: A descriptor of the folder the file is in; `path` is then a file name in it,
+                and no link is followed.
+
+        Returns:
+            The names restored and those that were not (with the reason), the modules, the working
+            directory, size and time.
+
+        Raises:
+            RuntimeError: If the executor is not started.
+            SnapshotError: If the file is missing, cut short, not a snapshot, over `max_bytes`, from
+                another Python version, or the kernel failed or died loading it.
+            TimeoutError: If the kernel took longer than `timeout`.
+        """
+        kernels = self._require_started().kernels
+        async with self._cells.lock:
+            return await _snapshot.load(
+                kernels, self._settings, path, dir_fd=dir_fd, max_bytes=max_bytes, timeout=timeout
+            )
+
+    def _require_started(self) -> Parts:
+        if self._parts is None:
+            raise RuntimeError("The code executor is not started; call start() or use 'async with'.")
+        return self._parts

@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.kernels import KernelHost, RemoteKernelHost
-from ipybox.app.pool import PooledKernels
+from ipybox.app.kernels import KernelSource, RemoteKernelHost
 from ipybox.errors import ExecutionError, KernelDiedError, SnapshotError
 from ipybox.kernel._snapshot_format import (
     DEFAULT_MAX_SNAPSHOT_BYTES,
@@ -49,7 +48,6 @@ from ipybox.kernel._snapshot_format import (
 
 __all__ = ["DEFAULT_MAX_SNAPSHOT_BYTES", "NOT_KEPT", "SnapshotReport", "load", "save"]
 
-Kernels = KernelHost | PooledKernels | RemoteKernelHost
 
 NOT_KEPT = (
     "IPython's own history and output cache (In, Out, _, _1, ...)",
@@ -227,7 +225,7 @@ def _file_name(path: Path | str) -> str:
     return name
 
 
-async def _call(kernels: Kernels, expression: str, timeout: float, doing: str) -> str:
+async def _call(kernels: KernelSource, expression: str, timeout: float, doing: str) -> str:
     """The text value of `expression` evaluated silently in the kernel."""
     try:
         text = (await kernels.client.evaluate("", {"value": expression}, timeout=timeout))["value"]
@@ -282,7 +280,7 @@ def _kernel_folder(settings: ExecutorSettings) -> Path:
 
 
 async def save(
-    kernels: Kernels,
+    kernels: KernelSource,
     settings: ExecutorSettings,
     path: Path | str,
     *,
@@ -343,7 +341,9 @@ def _copy_local(
         os.close(fd)
 
 
-async def _remove_staging(kernels: Kernels, settings: ExecutorSettings, staging: str, timeout: float) -> None:
+async def _remove_staging(
+    kernels: KernelSource, settings: ExecutorSettings, staging: str, timeout: float
+) -> None:
     if isinstance(kernels, RemoteKernelHost):
         with contextlib.suppress(SnapshotError):
             await _call(kernels, f"{_KERNEL_MODULE}.remove({staging!r})", timeout, "cleaning up")
@@ -357,7 +357,7 @@ async def _remove_staging(kernels: Kernels, settings: ExecutorSettings, staging:
 
 
 async def load(
-    kernels: Kernels,
+    kernels: KernelSource,
     settings: ExecutorSettings,
     path: Path | str,
     *,

@@ -3,8 +3,9 @@
 Owns starting and stopping Jupyter Kernel Gateway (``_gateway``, ``_gateway_process``, the kernel
 spec in ``_spec``), talking to one kernel over REST and WebSocket (``_client``, its channels in
 ``_wire``, its output in ``_output``, its stdin in ``_stdin``), opening kernels (``_open``,
-``_supply``) and the two kernel sources of their own: a local gateway (`KernelHost`) and a
-remote one (`RemoteKernelHost`).
+``_supply``), the protocol every source of an executor's kernels meets (`KernelSource`, in
+``_source``; the pool's `PooledKernels` is the third) and the two sources of their own: a local
+gateway (`KernelHost`) and a remote one (`RemoteKernelHost`).
 
 May import (within ``ipybox.app``): ``sandbox``, ``_settings``, ``_state``.
 """
@@ -15,6 +16,7 @@ from ipybox.app.kernels._local_host import KernelHost, fresh_kernel
 from ipybox.app.kernels._open import open_kernel
 from ipybox.app.kernels._output import DEFAULT_MAX_OUTPUT_CHARS, KeptText
 from ipybox.app.kernels._remote_host import RemoteKernelHost
+from ipybox.app.kernels._source import KernelSource
 from ipybox.app.kernels._wire import KernelChannels, execute_request
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "KernelClient",
     "KernelGateway",
     "KernelHost",
+    "KernelSource",
     "RemoteKernelHost",
     "execute_request",
     "fresh_kernel",

@@ -3,7 +3,8 @@
 The host owns both for their whole life: it starts the gateway, connects a client to it, and
 when a kernel dies mid-execution it puts a working kernel back, on a new gateway (and a new
 client for it) if the gateway went too. Whoever needs to know what the kernel's sandbox lets it
-write (the tool server) is told through `on_start`, at every start of a gateway.
+write (the tool server) is told through `on_start`, at every start of a gateway. One of the three
+`KernelSource` classes (``_source.py``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`RemoteKernelHost`: an executor's kernel on a gateway it did not start (`kernel_gateway_url`).
 
-The counterpart of `KernelHost` for kernels on another machine or a cluster (Jupyter Kernel
+A `KernelSource` (``_source.py``), the counterpart of `KernelHost` for kernels on another machine or a cluster (Jupyter Kernel
 Gateway, or Enterprise Gateway with its Kubernetes, Docker, YARN or SSH process proxies). No
 gateway is started here: kernels are started, interrupted and shut down through the gateway's REST
 API, and everything a local kernel gets from the disk and its process environment reaches a remote

@@ -24,15 +24,15 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Self, Unpack
 
 import httpx2
 
 from ipybox._wire import ToolServerEnv
 from ipybox.app import sandbox as _sandbox
-from ipybox.app._settings import ExecutorSettings
+from ipybox.app._settings import ExecutorSettings, KernelKeywords, KernelOptions, gather_options
 from ipybox.app.approval import default_audit_path
-from ipybox.app.kernels import KernelChannels, KernelGateway, open_kernel
+from ipybox.app.kernels import KernelChannels, KernelClient, KernelGateway, open_kernel
 from ipybox.app.mcp_client import ServerRegistry, default_registry
 from ipybox.app.pool._kernel import WARM_UP, PoolKernel, hand_out, make_folder, run_hidden
 from ipybox.app.pool._places import Place, PoolPlaces
@@ -73,17 +73,13 @@ class KernelPool:
             core for about a second).
         refill_delay: Seconds without a hand-out before the pool starts kernels to refill itself,
             so that starting kernels does not slow the executors that just took theirs.
-        sandbox: See `CodeExecutor`; the same for the rest.
+        sandbox: See `CodeExecutor`; the same for `sandbox_config` and `kernel_env`.
         sandbox_config: See `CodeExecutor`.
-        working_dir: See `CodeExecutor`.
         kernel_env: See `CodeExecutor`.
-        memory_limit: See `CodeExecutor` (per kernel).
-        max_processes: See `CodeExecutor` (per kernel).
-        approve_shell_cmds: See `CodeExecutor`.
-        require_shell_escape: See `CodeExecutor`.
-        sandbox_hidden: See `CodeExecutor`; the default audit trail's folder is always hidden.
-        warm_imports: See `CodeExecutor`. A kernel counts as ready only once it has imported them;
-            an executor on the pool gets kernels with the pool's, whatever its own.
+        kernel: What each kernel is (`KernelOptions`, as for `CodeExecutor`; limits are per kernel).
+            The default audit trail's folder is always hidden. A kernel counts as ready only once it
+            has imported its `warm_imports`; an executor on the pool gets kernels with the pool's,
+            whatever its own.
         kernel_gateway_host: Host the gateway binds to.
         log_level: Log level of the gateway.
         registry: The trusted registry whose folder sandboxed kernels can never write; executors on
@@ -93,9 +89,13 @@ class KernelPool:
             `claim()` hands out such a folder with its ready kernel, for an executor to work in.
         folder_env: The `kernel_env` of kernels working in a folder (default: `kernel_env`); it
             must name the same variables as `kernel_env`.
+        **keywords: `KernelOptions`' fields under their own names (``working_dir=``,
+            ``memory_limit=``, ...), as for `CodeExecutor`.
 
     Raises:
-        ValueError: If an argument is out of range or of the wrong kind.
+        ValueError: If an argument is out of range or of the wrong kind, or a setting is given both
+            in `kernel` and as a keyword.
+        TypeError: If a keyword argument is not one of `KernelOptions`' fields.
     """
 
     def __init__(
@@ -106,19 +106,14 @@ class KernelPool:
         refill_delay: float = 0.5,
         sandbox: bool = False,
         sandbox_config: Path | None = None,
-        working_dir: Path | str | None = None,
         kernel_env: dict[str, str] | None = None,
-        memory_limit: int | str | None = None,
-        max_processes: int | None = None,
-        approve_shell_cmds: bool = False,
-        require_shell_escape: bool = False,
-        sandbox_hidden: tuple[Path, ...] = (),
-        warm_imports: tuple[str, ...] | None = None,
+        kernel: KernelOptions | None = None,
         kernel_gateway_host: str = "localhost",
         log_level: str = "WARNING",
         registry: ServerRegistry | None = None,
         new_folder: Callable[[], Path] | None = None,
         folder_env: Callable[[Path], Mapping[str, str]] | None = None,
+        **keywords: Unpack[KernelKeywords],
     ) -> None:
         self._stock = KernelStock(
             size,
@@ -128,19 +123,14 @@ class KernelPool:
             close=lambda kernel: self._close(kernel, shutdown=True),
             running=lambda: self._gateway is not None,
         )
+        options = gather_options("KernelPool", keywords, KernelKeywords.__optional_keys__, kernel)
         self._settings = ExecutorSettings(
             kernel_gateway_host=kernel_gateway_host,
             kernel_env=kernel_env if kernel_env is not None else {},
             sandbox=sandbox,
             sandbox_config=sandbox_config,
             log_level=log_level,
-            approve_shell_cmds=approve_shell_cmds,
-            require_shell_escape=require_shell_escape,
-            working_dir=Path(working_dir) if working_dir is not None else None,
-            memory_limit=memory_limit,
-            max_processes=max_processes,
-            sandbox_hidden=sandbox_hidden,
-            warm_imports=warm_imports,
+            **options,  # type: ignore[arg-type]  # each checked by ExecutorSettings
         )
         self._registry_dir = (registry if registry is not None else default_registry()).path.parent
         self._trail_dir = default_audit_path().parent
@@ -188,6 +178,11 @@ class KernelPool:
             KernelConnectionError: If the pool could not start a kernel.
         """
         await self._stock.filled(on_progress)
+
+    @property
+    def generation(self) -> int:
+        """How many times the pool's gateway was replaced (after it died)."""
+        return self._generation
 
     @property
     def gateway(self) -> KernelGateway:
@@ -291,28 +286,45 @@ class KernelPool:
         if not claimed.cancelled() and claimed.exception() is None:
             await self._close(claimed.result(), shutdown=True)
 
-    def _check(self, settings: ExecutorSettings, registry: ServerRegistry) -> None:
-        """Refuse an executor whose kernels would differ from the pool's (see `check_executor`).
+    def check(self, settings: ExecutorSettings, registry: ServerRegistry) -> None:
+        """Refuse an executor (its `settings` and `registry`) whose kernels would differ from the pool's.
 
         Raises:
-            ValueError: Naming each setting that differs, and the pool's value.
+            ValueError: If the executor's kernels are remote or take tool calls over stdin, or
+                naming each setting that differs, and the pool's value.
         """
+        if settings.remote:
+            raise ValueError(
+                "pool and kernel_gateway_url were both given; a pool keeps kernels on its own local "
+                "gateway. Drop one of them."
+            )
+        if settings.tool_channel != "http":
+            raise ValueError(
+                "tool_channel='stdin' is for kernels on another host; a pool's kernels are local and "
+                "reach their tool server directly: leave tool_channel at 'http' with pool."
+            )
         check_executor(self._settings, self._registry_dir, settings, registry)
 
-    def _kernels_for(
+    def kernels_for(
         self,
         settings: ExecutorSettings,
         address: ToolServerEnv,
         on_start: Callable[[KernelConfinement], None],
         hidden: tuple[Path, ...] = (),
     ) -> PooledKernels:
-        """The kernels of one executor, taken from this pool (see `PooledKernels`).
+        """The kernels of one executor (its `settings` and tool server `address`), taken from this pool.
+
+        Args:
+            settings: The executor's settings, checked by `check`.
+            address: The executor's tool server, given to each kernel it takes.
+            on_start: Called with the kernels' confinement at their start and after the gateway is replaced.
+            hidden: Folders the executor needs hidden from its kernels (its audit trail's).
 
         Raises:
             ValueError: If `hidden` names a folder the pool's kernels do not have hidden.
         """
         check_hidden(self._settings, self._trail_dir, settings, hidden)
-        return PooledKernels(self, settings, address, on_start)
+        return PooledKernels(_Lending(self, settings, address), settings, on_start)
 
     async def _take(self, address: ToolServerEnv, place: Place) -> KernelChannels:
         """Hand out a ready kernel (waiting for one if none is), given the tool server `address`.
@@ -353,11 +365,6 @@ class KernelPool:
                 await self._http.aclose()
             self._http = self._new_http()
             self._stock.restarted()
-
-    @property
-    def _generation_now(self) -> int:
-        """How many times the gateway was replaced."""
-        return self._generation
 
     def _new_http(self) -> httpx2.AsyncClient:
         return httpx2.AsyncClient(
@@ -435,3 +442,43 @@ class KernelPool:
                     await self._http.delete(f"/api/kernels/{channels.id}")
         finally:
             shutil.rmtree(kernel.folder, ignore_errors=True)
+
+
+class _Lending:
+    """The pool as one executor's `PooledKernels` sees it (a `KernelLender`): kernels for its tool
+    server at its place."""
+
+    def __init__(self, pool: KernelPool, settings: ExecutorSettings, address: ToolServerEnv) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._address = address
+
+    @property
+    def started(self) -> bool:
+        return self._pool._gateway is not None
+
+    @property
+    def gateway(self) -> KernelGateway:
+        return self._pool.gateway
+
+    @property
+    def generation(self) -> int:
+        return self._pool.generation
+
+    def new_client(self) -> KernelClient:
+        pool, gateway = self._pool, self._pool.gateway
+        return KernelClient(
+            host=gateway.host,
+            port=gateway.port,
+            images_dir=self._settings.images_dir,
+            auth_token=pool._token,
+            spare_kernel=False,
+            kernel_source=lambda: pool._take(self._address, pool._place_of(self._settings)),
+            http=pool._http,
+        )
+
+    async def restart(self, generation: int) -> None:
+        await self._pool._restart(generation)
+
+    def confinement(self) -> KernelConfinement:
+        return self._pool._confinement_of(self._pool._place_of(self._settings))
