@@ -20,7 +20,7 @@ logger = logging.getLogger("ipybox.tool_exec.approval.client")
 class ApprovalRequest:
     """A tool call waiting for the application's decision.
 
-    Call :meth:`accept` or :meth:`reject` once. A decision that does not take effect raises
+    Call `accept` or `reject` once. A decision that does not take effect raises
     `ApprovalDecisionError`: a second decision, and one for a request that is no longer waiting
     (it expired after the tool server's approval timeout, or the code that made the call is
     gone). ``str()`` and ``repr()`` show every name and value escaped, so what is printed is

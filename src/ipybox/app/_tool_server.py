@@ -68,8 +68,11 @@ from ipybox.errors import ToolServerError
 __all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
 
 DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
+"""The default `max_result_size` of `ToolServer`: bytes one tool result may have (32 MiB)."""
 DEFAULT_MAX_REQUEST_SIZE = 32 * 1024 * 1024
+"""The default `max_request_size` of `ToolServer`: bytes one request body may have (32 MiB)."""
 DEFAULT_MAX_INFLIGHT_SIZE = 128 * 1024 * 1024
+"""The default `max_inflight_size` of `ToolServer`: bytes all calls in flight may hold (128 MiB)."""
 # An answer up to this size is sent in one message (asyncio's default write buffer limit).
 _SMALL_ANSWER = 64 * 1024
 

@@ -24,6 +24,7 @@ from ipybox.integrations._common import Approve, check_version, refuse_options_f
 
 # The range of the ``pydantic-ai`` extra in pyproject.toml (a test keeps the two the same).
 SUPPORTED = ">=2.60,<3"
+"""The versions of pydantic-ai this integration is tested with; importing it with another fails."""
 check_version("pydantic-ai-slim", SUPPORTED, "pydantic-ai")
 
 from pydantic_ai import BinaryContent  # noqa: E402  (the version is checked first)

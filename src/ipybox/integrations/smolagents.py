@@ -33,6 +33,7 @@ from ipybox.integrations._common import (
 
 # The range of the ``smolagents`` extra in pyproject.toml (a test keeps the two the same).
 SUPPORTED = ">=1.24,<2"
+"""The versions of smolagents this integration is tested with; importing it with another fails."""
 check_version("smolagents", SUPPORTED, "smolagents")
 
 from smolagents.local_python_executor import CodeOutput, PythonExecutor  # noqa: E402
