@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -82,3 +83,27 @@ def test_the_docs_build_says_where_the_html_went_and_writes_llms_txt(tmp_path: P
     assert "guide/running-code/" in llms and "reference/ipybox/" in llms
     full = (tmp_path / "html" / "llms-full.txt").read_text()
     assert "ipybox.CodeExecutor" in full
+
+
+def _checked(html: str) -> list[str]:
+    spec = importlib.util.spec_from_file_location("check_docs_site", ROOT / "scripts" / "check_docs_site.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # private: the checker is a script, whose parts are tested here without a browser.
+    page = module._Page()
+    page.feed(html)
+    problems: list[str] = module._problems("page", page)
+    return problems
+
+
+def test_the_site_check_names_raw_markdown_and_a_missing_navigation_or_search_box() -> None:
+    rendered = (
+        '<nav class="md-nav"><a class="md-nav__link" href="x">x</a></nav>'
+        '<input class="md-search__input"><p>Text with <code>```python</code> in code is fine.</p>'
+    )
+    assert _checked(rendered) == []
+    problems = _checked("<p>## Heading</p><p>```python</p><p>**bold** and [a](page.md)</p>")
+    assert any("no navigation" in problem for problem in problems)
+    assert any("no search box" in problem for problem in problems)
+    assert sum("raw Markdown" in problem for problem in problems) == 4, problems

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]  # no stubs in the environment
 from mcp.client.stdio import StdioServerParameters
 from sybil import Document, Example, Region, Sybil
 from sybil.parsers.markdown import SkipParser
