@@ -27,13 +27,13 @@ class ApprovalRequest:
     what runs.
 
     Example:
-        .. code-block:: python
-
-            async def on_approval_request(request: ApprovalRequest) -> None:
-                if request.tool_name == "delete_everything":
-                    await request.reject()
-                else:
-                    await request.accept()
+        ```python
+        async def on_approval_request(request: ApprovalRequest) -> None:
+            if request.tool_name == "delete_everything":
+                await request.reject()
+            else:
+                await request.accept()
+        ```
 
     Args:
         server_name: The MCP server the tool belongs to.
@@ -156,14 +156,14 @@ class ApprovalClient:
     connected, it connects again (requests the tool server sent before the drop fail there).
 
     Example:
-        .. code-block:: python
+        ```python
+        async def on_approval_request(request: ApprovalRequest) -> None:
+            print(f"Approval request: {request}")
+            await request.accept()
 
-            async def on_approval_request(request: ApprovalRequest) -> None:
-                print(f"Approval request: {request}")
-                await request.accept()
-
-            async with ApprovalClient(callback=on_approval_request, port=server.port):
-                ...  # run code that calls MCP tools
+        async with ApprovalClient(callback=on_approval_request, port=server.port):
+            ...  # run code that calls MCP tools
+        ```
 
     Args:
         callback: Async function called with each :class:`ipybox.ApprovalRequest`.

@@ -101,13 +101,13 @@ class ToolServer(_ShellRoutes):
     of the registry, or one already running.
 
     Example:
-        .. code-block:: python
-
-            async with ToolServer() as server:
-                async with ApprovalClient(
-                    callback=on_approval_request, port=server.port, secret=server.approval_secret
-                ):
-                    ...  # code that calls MCP tools gets server.port and server.token
+        ```python
+        async with ToolServer() as server:
+            async with ApprovalClient(
+                callback=on_approval_request, port=server.port, secret=server.approval_secret
+            ):
+                ...  # code that calls MCP tools gets server.port and server.token
+        ```
 
     Args:
         host: Hostname the server binds to.

@@ -61,11 +61,11 @@ class IpyboxToolset(FunctionToolset[Any]):
     passed in is the application's: it must be started, and the toolset never stops it.
 
     Example:
-        .. code-block:: python
-
-            toolset = IpyboxToolset(sandbox=True, approve=ask_the_user)
-            agent = Agent("anthropic:claude-sonnet-4-5", toolsets=[toolset])
-            result = await agent.run("Plot the first 20 Fibonacci numbers.")
+        ```python
+        toolset = IpyboxToolset(sandbox=True, approve=ask_the_user)
+        agent = Agent("anthropic:claude-sonnet-4-5", toolsets=[toolset])
+        result = await agent.run("Plot the first 20 Fibonacci numbers.")
+        ```
 
     Args:
         executor: A started executor to run cells on, or ``None`` to make one from the options below.

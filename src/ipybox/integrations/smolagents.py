@@ -89,10 +89,10 @@ class IpyboxExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ships 
     traceback, which smolagents shows the model in the next step.
 
     Example:
-        .. code-block:: python
-
-            with CodeAgent(tools=[get_weather], model=model, executor=IpyboxExecutor(sandbox=True)) as agent:
-                agent.run("Is it warmer in Paris or in Rome?")
+        ```python
+        with CodeAgent(tools=[get_weather], model=model, executor=IpyboxExecutor(sandbox=True)) as agent:
+            agent.run("Is it warmer in Paris or in Rome?")
+        ```
 
     Args:
         executor: A `CodeExecutor` that is not started yet, for options beyond those below (it is started
