@@ -418,8 +418,8 @@ def _documented_calls(markdown: Path) -> list[tuple[str, str]]:
 
 
 async def test_the_guide_and_the_skill_state_the_tools_as_the_server_declares_them(client: Client) -> None:
-    """The tool tables of the MCP server's guide page and of the codeact skill against what ``tools/list`` says:
-    the same argument names, in order, with the same defaults."""
+    """The tool tables of the user guide's MCP server page and of the codeact skill against what
+    ``tools/list`` says: the same argument names, in order, with the same defaults."""
     listed = {}
     for tool in (await client.list_tools()).tools:
         required = tool.input_schema.get("required", [])
