@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every check CI runs: formatting, lint, types, the API reference's strict build, then
+# Runs every check CI runs: formatting, lint, types, the documentation site's strict build, then
 # the test suite.
 # Usage: bash scripts/test.sh [--quick] [PYTEST_ARGS...]
 #   --quick  for development: the same checks, but the tests marked `slow` are left out

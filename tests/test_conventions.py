@@ -9,7 +9,7 @@
   a ``while`` carries a comment holding ``sleep:`` saying why the time itself is what the test
   needs; and no test asserts on a duration (speed belongs to ``benchmarks/``).
 - No module of the package is over 500 lines: a longer one is split by what it owns (the
-  README's "Where things live" says what each file holds). Complexity is ruff's ``C901`` (10).
+  architecture page's "Where things live", docs/architecture.md, says what each file holds). Complexity is ruff's ``C901`` (10).
 - In ``src/``, every broad handler (bare ``except:``, ``except Exception``/``BaseException``,
   ``suppress(Exception)``) says in a comment beside it why it must be broad, unless it is clean-up
   that ends in a bare ``raise`` (it swallows nothing); and no handler decides
@@ -312,4 +312,6 @@ def test_no_module_of_the_package_is_over_500_lines() -> None:
         for path in sorted(SRC.rglob("*.py"))
         if (lines := len(path.read_text().splitlines())) > _MAX_MODULE_LINES
     }
-    assert long == {}, "split these by what they own, and give each part a row in the README's table"
+    assert long == {}, (
+        "split these by what they own, and give each part a row in docs/architecture.md's table"
+    )

@@ -417,9 +417,9 @@ def _documented_calls(markdown: Path) -> list[tuple[str, str]]:
     return [(m[1], m[0].strip("`")) for row in rows for m in _CALL.finditer(row.split(" | ")[0])]
 
 
-async def test_the_readme_and_the_skill_state_the_tools_as_the_server_declares_them(client: Client) -> None:
-    """The tool tables of the README and of the codeact skill against what ``tools/list`` says:
-    the same argument names, in order, with the same defaults."""
+async def test_the_guide_and_the_skill_state_the_tools_as_the_server_declares_them(client: Client) -> None:
+    """The tool tables of the user guide's MCP server page and of the codeact skill against what
+    ``tools/list`` says: the same argument names, in order, with the same defaults."""
     listed = {}
     for tool in (await client.list_tools()).tools:
         required = tool.input_schema.get("required", [])
@@ -428,8 +428,8 @@ async def test_the_readme_and_the_skill_state_the_tools_as_the_server_declares_t
             for name, spec in tool.input_schema["properties"].items()
         ]
         listed[tool.name] = f"{tool.name}({', '.join(arguments)})"
-    readme = dict(_documented_calls(ROOT / "README.md"))
-    assert readme == listed
+    guide = dict(_documented_calls(ROOT / "docs" / "guide" / "mcp-server.md"))
+    assert guide == listed
     skill = ROOT / "plugins" / "codeact" / "skills" / "codeact" / "SKILL.md"
     calls = _documented_calls(skill)
     stale = [call for name, call in calls if listed.get(name) != call]

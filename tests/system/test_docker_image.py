@@ -66,13 +66,15 @@ def state_volume() -> Iterator[str]:
 
 
 def _readme_docker_args() -> list[str]:
-    """The `docker` arguments of the README's MCP configuration for the image."""
-    for block in re.findall(r"```json\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL):
+    """The `docker` arguments of the documented MCP configuration for the image (README, guide)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))]
+    text = "".join(page.read_text() for page in pages)
+    for block in re.findall(r"```json\n(.*?)```", text, re.DOTALL):
         server = json.loads(block).get("mcpServers", {}).get("ipybox", {})
         if server.get("command") == "docker":
             args: list[str] = server["args"]
             return args
-    raise AssertionError("the README has no docker configuration")
+    raise AssertionError("neither the README nor the guide has a docker configuration")
 
 
 @asynccontextmanager

@@ -1,4 +1,4 @@
-"""The README's MCP configurations work as pasted, with only the placeholder paths filled in."""
+"""The MCP configurations of the README and the guide work as pasted, with only the placeholder paths filled in."""
 
 from __future__ import annotations
 
@@ -20,24 +20,29 @@ from tests.mcp_server.support import connected, run, server_env, text_of
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).parents[2]
-README = (ROOT / "README.md").read_text()
+# The README and the guide pages, where the configurations for Docker and the plugin are.
+README = "".join(page.read_text() for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("**/*.md"))])
 CLAUDE_CODE = "@anthropic-ai/claude-code@2.1.197"
 
 
 def _configs() -> list[dict[str, Any]]:
     blocks = re.findall(r"```json\n(.*?)```", README, re.DOTALL)
-    return [json.loads(block) for block in blocks if '"mcpServers"' in block]
+    configs = [json.loads(block) for block in blocks if '"mcpServers"' in block]
+    # A configuration shown on two pages is one configuration.
+    return [config for i, config in enumerate(configs) if config not in configs[:i]]
 
 
 def _server(command: str) -> dict[str, Any]:
-    """The one README configuration whose server runs `command`, first argument included."""
+    """The documented configuration whose server runs `command`, first argument included (of
+    several that differ only in their `env`, the one without)."""
     matches = [
         c["mcpServers"]["ipybox"]
         for c in _configs()
         if [c["mcpServers"]["ipybox"]["command"], *c["mcpServers"]["ipybox"]["args"]][:2] == command.split()
     ]
-    assert len(matches) == 1, f"the README has {len(matches)} configurations starting with {command!r}"
-    server: dict[str, Any] = matches[0]
+    plain = [{key: value for key, value in m.items() if key != "env"} for m in matches]
+    assert plain and all(p == plain[0] for p in plain), f"configurations starting with {command!r}: {matches}"
+    server: dict[str, Any] = min(matches, key=len)
     return server
 
 
@@ -98,9 +103,9 @@ async def test_the_clone_form_serves_an_mcp_session_as_pasted(tmp_path: Path) ->
 def test_the_claude_mcp_add_command_connects_in_claude_code(tmp_path: Path) -> None:
     if shutil.which("npx") is None:
         pytest.skip("npx is not installed")
-    (line,) = [
+    (line,) = {
         line for line in README.splitlines() if line.startswith("claude mcp add ipybox -- uvx --from ")
-    ]
+    }
     workspace = tmp_path / "workspace"
     workspace.mkdir()
     argv = _fill(shlex.split(line), workspace)

@@ -24,6 +24,7 @@ from ipybox.integrations._common import Approve, check_version, refuse_options_f
 
 # The range of the ``pydantic-ai`` extra in pyproject.toml (a test keeps the two the same).
 SUPPORTED = ">=2.60,<3"
+"""The versions of pydantic-ai this integration is tested with; importing it with another fails."""
 check_version("pydantic-ai-slim", SUPPORTED, "pydantic-ai")
 
 from pydantic_ai import BinaryContent  # noqa: E402  (the version is checked first)
@@ -60,11 +61,11 @@ class IpyboxToolset(FunctionToolset[Any]):
     passed in is the application's: it must be started, and the toolset never stops it.
 
     Example:
-        .. code-block:: python
-
-            toolset = IpyboxToolset(sandbox=True, approve=ask_the_user)
-            agent = Agent("anthropic:claude-sonnet-4-5", toolsets=[toolset])
-            result = await agent.run("Plot the first 20 Fibonacci numbers.")
+        ```python
+        toolset = IpyboxToolset(sandbox=True, approve=ask_the_user)
+        agent = Agent("anthropic:claude-sonnet-4-5", toolsets=[toolset])
+        result = await agent.run("Plot the first 20 Fibonacci numbers.")
+        ```
 
     Args:
         executor: A started executor to run cells on, or ``None`` to make one from the options below.

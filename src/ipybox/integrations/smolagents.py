@@ -33,6 +33,7 @@ from ipybox.integrations._common import (
 
 # The range of the ``smolagents`` extra in pyproject.toml (a test keeps the two the same).
 SUPPORTED = ">=1.24,<2"
+"""The versions of smolagents this integration is tested with; importing it with another fails."""
 check_version("smolagents", SUPPORTED, "smolagents")
 
 from smolagents.local_python_executor import CodeOutput, PythonExecutor  # noqa: E402
@@ -88,10 +89,10 @@ class IpyboxExecutor(PythonExecutor):  # type: ignore[misc]  # smolagents ships 
     traceback, which smolagents shows the model in the next step.
 
     Example:
-        .. code-block:: python
-
-            with CodeAgent(tools=[get_weather], model=model, executor=IpyboxExecutor(sandbox=True)) as agent:
-                agent.run("Is it warmer in Paris or in Rome?")
+        ```python
+        with CodeAgent(tools=[get_weather], model=model, executor=IpyboxExecutor(sandbox=True)) as agent:
+            agent.run("Is it warmer in Paris or in Rome?")
+        ```
 
     Args:
         executor: A `CodeExecutor` that is not started yet, for options beyond those below (it is started

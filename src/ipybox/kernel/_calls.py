@@ -60,15 +60,15 @@ class Steps:
     """Walks a shell through an exchange: the next step it asks for, given what came of the last.
 
     Example:
-        .. code-block:: python
-
-            steps = Steps(exchange)
-            while (step := steps.next()) is not None:
-                try:
-                    steps.value = do(step)
-                except BaseException as exc:  # the exchange decides what it means
-                    steps.error = exc
-            response = steps.response
+        ```python
+        steps = Steps(exchange)
+        while (step := steps.next()) is not None:
+            try:
+                steps.value = do(step)
+            except BaseException as exc:  # the exchange decides what it means
+                steps.error = exc
+        response = steps.response
+        ```
     """
 
     __slots__ = ("_exchange", "error", "response", "value")

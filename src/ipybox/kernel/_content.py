@@ -189,6 +189,7 @@ class BlobResource(_Binary):
 
 
 Content = Text | Image | Audio | ResourceLink | TextResource | BlobResource
+"""One piece of a tool's result: any of the content types above."""
 
 
 class ToolContent(_Value):

@@ -81,11 +81,11 @@ class ResponseReader:
     """Reads one response from the bytes received (bytes in, a `Response` out).
 
     Example:
-        .. code-block:: python
-
-            reader = ResponseReader()
-            while (response := reader.feed(sock.recv(65536))) is None:
-                pass
+        ```python
+        reader = ResponseReader()
+        while (response := reader.feed(sock.recv(65536))) is None:
+            pass
+        ```
 
     Args:
         limits: What the reader accepts at most.

@@ -38,13 +38,13 @@ class ToolRunner:
     """Client for running the tools of one MCP server on a tool server.
 
     Example:
-        .. code-block:: python
-
-            runner = ToolRunner(
-                server_name="fetch",
-                server_params={"command": "uvx", "args": ["mcp-server-fetch"]},
-            )
-            result = await runner.run("fetch", {"url": "https://example.com"})
+        ```python
+        runner = ToolRunner(
+            server_name="fetch",
+            server_params={"command": "uvx", "args": ["mcp-server-fetch"]},
+        )
+        result = await runner.run("fetch", {"url": "https://example.com"})
+        ```
 
     Args:
         server_name: Name of the MCP server.

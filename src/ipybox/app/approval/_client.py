@@ -20,20 +20,20 @@ logger = logging.getLogger("ipybox.tool_exec.approval.client")
 class ApprovalRequest:
     """A tool call waiting for the application's decision.
 
-    Call :meth:`accept` or :meth:`reject` once. A decision that does not take effect raises
+    Call `accept` or `reject` once. A decision that does not take effect raises
     `ApprovalDecisionError`: a second decision, and one for a request that is no longer waiting
     (it expired after the tool server's approval timeout, or the code that made the call is
     gone). ``str()`` and ``repr()`` show every name and value escaped, so what is printed is
     what runs.
 
     Example:
-        .. code-block:: python
-
-            async def on_approval_request(request: ApprovalRequest) -> None:
-                if request.tool_name == "delete_everything":
-                    await request.reject()
-                else:
-                    await request.accept()
+        ```python
+        async def on_approval_request(request: ApprovalRequest) -> None:
+            if request.tool_name == "delete_everything":
+                await request.reject()
+            else:
+                await request.accept()
+        ```
 
     Args:
         server_name: The MCP server the tool belongs to.
@@ -156,14 +156,14 @@ class ApprovalClient:
     connected, it connects again (requests the tool server sent before the drop fail there).
 
     Example:
-        .. code-block:: python
+        ```python
+        async def on_approval_request(request: ApprovalRequest) -> None:
+            print(f"Approval request: {request}")
+            await request.accept()
 
-            async def on_approval_request(request: ApprovalRequest) -> None:
-                print(f"Approval request: {request}")
-                await request.accept()
-
-            async with ApprovalClient(callback=on_approval_request, port=server.port):
-                ...  # run code that calls MCP tools
+        async with ApprovalClient(callback=on_approval_request, port=server.port):
+            ...  # run code that calls MCP tools
+        ```
 
     Args:
         callback: Async function called with each :class:`ipybox.ApprovalRequest`.

@@ -81,11 +81,11 @@ class Rule:
     """One policy rule: a decision for the calls it matches.
 
     Example:
-        .. code-block:: python
-
-            Rule("allow", server="github", tool="get_*")
-            Rule("deny", annotations={"destructiveHint": True})
-            Rule("allow", program=["ls", "cat", "git status"])  # shell commands
+        ```python
+        Rule("allow", server="github", tool="get_*")
+        Rule("deny", annotations={"destructiveHint": True})
+        Rule("allow", program=["ls", "cat", "git status"])  # shell commands
+        ```
 
     Args:
         decision: ``"allow"``, ``"ask"`` or ``"deny"``.
@@ -193,17 +193,17 @@ class Policy:
     """Rules evaluated in order for every tool call and shell command; the first match decides.
 
     Example:
-        .. code-block:: python
-
-            Policy(
-                rules=[
-                    Rule("deny", tool="delete_*"),
-                    Rule("allow", annotations={"readOnlyHint": True}),
-                    Rule("allow", program=["ls", "cat", "grep"]),
-                ],
-                default="ask",
-                trusted_servers={"files"},
-            )
+        ```python
+        Policy(
+            rules=[
+                Rule("deny", tool="delete_*"),
+                Rule("allow", annotations={"readOnlyHint": True}),
+                Rule("allow", program=["ls", "cat", "grep"]),
+            ],
+            default="ask",
+            trusted_servers={"files"},
+        )
+        ```
 
     Args:
         rules: The rules, first match wins.

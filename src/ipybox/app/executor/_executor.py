@@ -51,15 +51,15 @@ class CodeExecutor:
     executor, so code in the kernel cannot run, approve or redirect tool calls itself.
 
     Example:
-        .. code-block:: python
-
-            async with CodeExecutor() as executor:
-                async for item in executor.stream(code):
-                    match item:
-                        case ApprovalRequest():
-                            await item.accept()
-                        case CodeExecutionResult():
-                            print(item.text)
+        ```python
+async with CodeExecutor() as executor:
+    async for item in executor.stream(code):
+        match item:
+            case ApprovalRequest():
+                await item.accept()
+            case CodeExecutionResult():
+                print(item.text)
+        ```
 
     Args:
         tool_server_host: Host the tool server binds to (the kernel connects to it).
@@ -356,10 +356,10 @@ class CodeExecutor:
         itself: write files there instead.
 
         Example:
-            .. code-block:: python
-
-                await generate_mcp_sources("library", params, Path("build/mcptools"))
-                await executor.upload("build/mcptools")  # the kernel imports mcptools.library
+            ```python
+await generate_mcp_sources("library", params, Path("build/mcptools"))
+await executor.upload("build/mcptools")  # the kernel imports mcptools.library
+            ```
 
         Args:
             source: The local file or folder.

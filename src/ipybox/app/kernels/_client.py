@@ -35,12 +35,12 @@ class KernelClient:
     kept warm in the background so that a reset takes milliseconds.
 
     Example:
-        .. code-block:: python
-
-            async with KernelClient(port=gateway.port) as client:
-                await client.execute("x = 21")
-                result = await client.execute("print(x * 2)")
-                assert result.text == "42"
+        ```python
+        async with KernelClient(port=gateway.port) as client:
+            await client.execute("x = 21")
+            result = await client.execute("print(x * 2)")
+            assert result.text == "42"
+        ```
 
     Args:
         host: Host of the kernel gateway.

@@ -51,11 +51,11 @@ class KernelGateway:
     environment: they get exactly ``PATH`` plus the variables in `env`.
 
     Example:
-        .. code-block:: python
-
-            async with KernelGateway(port=0) as gateway:
-                async with KernelClient(port=gateway.port) as client:
-                    result = await client.execute("print(1 + 1)")
+        ```python
+        async with KernelGateway(port=0) as gateway:
+            async with KernelClient(port=gateway.port) as client:
+                result = await client.execute("print(1 + 1)")
+        ```
 
     Args:
         host: Host name or address the gateway binds to.

@@ -52,7 +52,7 @@ class AuthorizationHandler(Protocol):
     the full URL the browser was redirected to when the handler caught it itself, as the
     application's own callback (the ``redirect_uri`` of the server's ``"oauth"`` settings)
     does. Its ``state`` must be the one of the authorization URL. Raise
-    :class:`~ipybox.errors.AuthorizationError` to refuse the login.
+    [`AuthorizationError`][ipybox.errors.AuthorizationError] to refuse the login.
     """
 
     async def __call__(self, server_name: str, authorization_url: str) -> str | None: ...

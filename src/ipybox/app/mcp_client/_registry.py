@@ -144,7 +144,7 @@ class ServerRegistry:
     def lookup_shared(
         self, server_name: str, scope: Path | Sequence[Path] | None = None
     ) -> dict[str, Any] | None:
-        """Like :meth:`lookup` without the copy, for a lookup on every tool call.
+        """Like `lookup` without the copy, for a lookup on every tool call.
 
         The caller must not modify the result: it is the registry's cached value.
 

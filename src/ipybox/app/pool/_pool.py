@@ -58,11 +58,11 @@ class KernelPool:
     ends every kernel.
 
     Example:
-        .. code-block:: python
-
-            async with KernelPool(size=4, sandbox=True) as pool:
-                async with CodeExecutor(sandbox=True, pool=pool) as executor:
-                    result = await executor.execute("print(1 + 1)")
+        ```python
+        async with KernelPool(size=4, sandbox=True) as pool:
+            async with CodeExecutor(sandbox=True, pool=pool) as executor:
+                result = await executor.execute("print(1 + 1)")
+        ```
 
     Args:
         size: Kernels kept ready. ``0``: none; each executor then waits for its kernel to start.

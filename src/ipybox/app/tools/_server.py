@@ -68,7 +68,9 @@ from ipybox.errors import ToolServerError
 __all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
 
 DEFAULT_MAX_REQUEST_SIZE = 32 * 1024 * 1024
+"""The default `max_request_size` of `ToolServer`: bytes one request body may have (32 MiB)."""
 DEFAULT_MAX_INFLIGHT_SIZE = 128 * 1024 * 1024
+"""The default `max_inflight_size` of `ToolServer`: bytes all calls in flight may hold (128 MiB)."""
 # An answer up to this size is sent in one message (asyncio's default write buffer limit).
 _SMALL_ANSWER = 64 * 1024
 
@@ -97,13 +99,13 @@ class ToolServer(_ShellRoutes):
     of the registry, or one already running.
 
     Example:
-        .. code-block:: python
-
-            async with ToolServer() as server:
-                async with ApprovalClient(
-                    callback=on_approval_request, port=server.port, secret=server.approval_secret
-                ):
-                    ...  # code that calls MCP tools gets server.port and server.token
+        ```python
+        async with ToolServer() as server:
+            async with ApprovalClient(
+                callback=on_approval_request, port=server.port, secret=server.approval_secret
+            ):
+                ...  # code that calls MCP tools gets server.port and server.token
+        ```
 
     Args:
         host: Hostname the server binds to.
