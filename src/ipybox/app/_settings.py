@@ -39,6 +39,7 @@ __all__ = [
 
 # The largest tool result the tool server hands back to a kernel, in bytes.
 DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
+"""The default `max_result_size` of `ToolServer`: bytes one tool result may have (32 MiB)."""
 
 _MIN_PROCESSES = 16
 DEFAULT_WARM_IMPORTS: tuple[str, ...] = ()

@@ -43,82 +43,82 @@ __all__ = ["CodeExecutionChunk", "CodeExecutionError", "CodeExecutionResult", "C
 class CodeExecutor:
     """Runs Python in a stateful IPython kernel, with MCP tool calls approved by the application.
 
-    `start()` launches a tool server and a Jupyter Kernel Gateway and connects a kernel.
-    Code may call the modules written by `generate_mcp_sources`; every such call pauses
-    the code and surfaces as an `ApprovalRequest` from `stream()`, to be accepted or
-    rejected. The tool server runs only MCP servers recorded by `generate_mcp_sources`,
-    takes calls only with a token the kernel receives, and takes decisions only from this
-    executor, so code in the kernel cannot run, approve or redirect tool calls itself.
+        `start()` launches a tool server and a Jupyter Kernel Gateway and connects a kernel.
+        Code may call the modules written by `generate_mcp_sources`; every such call pauses
+        the code and surfaces as an `ApprovalRequest` from `stream()`, to be accepted or
+        rejected. The tool server runs only MCP servers recorded by `generate_mcp_sources`,
+        takes calls only with a token the kernel receives, and takes decisions only from this
+        executor, so code in the kernel cannot run, approve or redirect tool calls itself.
 
-    Example:
-        ```python
-async with CodeExecutor() as executor:
-    async for item in executor.stream(code):
-        match item:
-            case ApprovalRequest():
-                await item.accept()
-            case CodeExecutionResult():
-                print(item.text)
-        ```
+        Example:
+            ```python
+    async with CodeExecutor() as executor:
+        async for item in executor.stream(code):
+            match item:
+                case ApprovalRequest():
+                    await item.accept()
+                case CodeExecutionResult():
+                    print(item.text)
+            ```
 
-    Args:
-        tool_server_host: Host the tool server binds to (the kernel connects to it).
-        tool_server_port: Port of the tool server; ``None`` picks a free one.
-        kernel_gateway_host: Host the kernel gateway binds to.
-        kernel_gateway_port: Port of the kernel gateway; ``None`` picks a free one.
-        kernel_env: Environment variables for the kernel, names and values strings. The kernel
-            does not inherit the application's environment.
-        images_dir: Folder for PNG images the code displays; default ``./images``.
-        approval_timeout: Seconds to wait for each approval decision.
-        connect_timeout: Seconds to wait for an MCP server to start.
-        sandbox: Run the kernel inside Anthropic's sandbox-runtime (``srt``): no network but the
-            tool server, no Unix socket of the host, nothing of the home folder but the working
-            directory and the kernel's Python, no ``.env``; writes only to the working directory
-            (never to ``.git``, editor and agent configuration) and private folders, and the
-            application's processes out of sight. See the README's sandbox section.
-        sandbox_config: Path of an srt settings file that replaces the default settings (needs
-            ``sandbox=True``); the fixed rules (protected names, the trusted registry, credential
-            files, the tool server reachable) hold whatever it says.
-        log_level: Log level of the tool server and kernel gateway.
-        kernel: What each kernel is (`KernelOptions`: working directory, memory and process limits,
-            shell approval, modules imported ahead, hidden folders); shared with `KernelPool`.
-        tools: How tool calls reach the tool server and what it lets through (`ToolOptions`:
-            approval of tool calls, the largest result, the channel).
-        remote: Run the kernel on an existing gateway (`RemoteGateway`) instead of starting a local one.
-        spare_kernel: Keep a spare kernel warm so that `reset()` takes milliseconds; ``False``
-            saves that kernel's memory (the MCP server's HTTP sessions do).
-        tracing: OpenTelemetry spans for each cell, tool call (with its approval wait as a child)
-            and MCP server start: ``True`` sends them to OpenTelemetry's global tracer provider, an
-            OpenTelemetry ``TracerProvider`` to that one (``pip install 'ipybox[otel]'`` for the SDK and exporter);
-            ``False`` (the default) makes none and imports nothing of OpenTelemetry for it.
-        policy: Rules the tool server applies to every tool call and shell command before the
-            application is asked (`ipybox.policy.Policy`): ``allow`` runs it unasked, ``deny``
-            refuses it, ``ask`` yields an `ApprovalRequest` as without a policy. They live in
-            this process only; the kernel can neither read nor change them.
-        audit: Record every tool call and shell command in the audit trail (an SQLite file in the
-            user's state folder, hidden from a sandboxed kernel; ``ipybox audit`` shows it), or
-            ``False`` for no record. A path puts the database there instead (outside any folder
-            the kernel can reach).
-        registry: The trusted registry of MCP servers the tool server may run (by default this
-            user's, ``default_registry()``, found once here); pass the same one to
-            ``generate_mcp_sources``. With ``sandbox=True`` the kernel can never write its folder.
-        pool: Take kernels from this `KernelPool` (its gateway, a ready kernel at start and at each
-            reset) instead of starting a gateway; the executor's kernel settings must be the pool's.
-        **keywords: The fields of `KernelOptions` and `ToolOptions` under their own names
-            (``working_dir=``, ``memory_limit=``, ``max_processes=``, ``warm_imports=``,
-            ``approve_shell_cmds=``, ``require_shell_escape=``, ``sandbox_hidden=``,
-            ``approve_tool_calls=``, ``max_result_size=``, ``tool_channel=``) and those of
-            `RemoteGateway` as ``kernel_gateway_url=``, ``kernel_gateway_token=``, ``kernel_name=``,
-            ``kernel_start_timeout=``: the same settings as the option object with that field.
+        Args:
+            tool_server_host: Host the tool server binds to (the kernel connects to it).
+            tool_server_port: Port of the tool server; ``None`` picks a free one.
+            kernel_gateway_host: Host the kernel gateway binds to.
+            kernel_gateway_port: Port of the kernel gateway; ``None`` picks a free one.
+            kernel_env: Environment variables for the kernel, names and values strings. The kernel
+                does not inherit the application's environment.
+            images_dir: Folder for PNG images the code displays; default ``./images``.
+            approval_timeout: Seconds to wait for each approval decision.
+            connect_timeout: Seconds to wait for an MCP server to start.
+            sandbox: Run the kernel inside Anthropic's sandbox-runtime (``srt``): no network but the
+                tool server, no Unix socket of the host, nothing of the home folder but the working
+                directory and the kernel's Python, no ``.env``; writes only to the working directory
+                (never to ``.git``, editor and agent configuration) and private folders, and the
+                application's processes out of sight. See the README's sandbox section.
+            sandbox_config: Path of an srt settings file that replaces the default settings (needs
+                ``sandbox=True``); the fixed rules (protected names, the trusted registry, credential
+                files, the tool server reachable) hold whatever it says.
+            log_level: Log level of the tool server and kernel gateway.
+            kernel: What each kernel is (`KernelOptions`: working directory, memory and process limits,
+                shell approval, modules imported ahead, hidden folders); shared with `KernelPool`.
+            tools: How tool calls reach the tool server and what it lets through (`ToolOptions`:
+                approval of tool calls, the largest result, the channel).
+            remote: Run the kernel on an existing gateway (`RemoteGateway`) instead of starting a local one.
+            spare_kernel: Keep a spare kernel warm so that `reset()` takes milliseconds; ``False``
+                saves that kernel's memory (the MCP server's HTTP sessions do).
+            tracing: OpenTelemetry spans for each cell, tool call (with its approval wait as a child)
+                and MCP server start: ``True`` sends them to OpenTelemetry's global tracer provider, an
+                OpenTelemetry ``TracerProvider`` to that one (``pip install 'ipybox[otel]'`` for the SDK and exporter);
+                ``False`` (the default) makes none and imports nothing of OpenTelemetry for it.
+            policy: Rules the tool server applies to every tool call and shell command before the
+                application is asked (`ipybox.policy.Policy`): ``allow`` runs it unasked, ``deny``
+                refuses it, ``ask`` yields an `ApprovalRequest` as without a policy. They live in
+                this process only; the kernel can neither read nor change them.
+            audit: Record every tool call and shell command in the audit trail (an SQLite file in the
+                user's state folder, hidden from a sandboxed kernel; ``ipybox audit`` shows it), or
+                ``False`` for no record. A path puts the database there instead (outside any folder
+                the kernel can reach).
+            registry: The trusted registry of MCP servers the tool server may run (by default this
+                user's, ``default_registry()``, found once here); pass the same one to
+                ``generate_mcp_sources``. With ``sandbox=True`` the kernel can never write its folder.
+            pool: Take kernels from this `KernelPool` (its gateway, a ready kernel at start and at each
+                reset) instead of starting a gateway; the executor's kernel settings must be the pool's.
+            **keywords: The fields of `KernelOptions` and `ToolOptions` under their own names
+                (``working_dir=``, ``memory_limit=``, ``max_processes=``, ``warm_imports=``,
+                ``approve_shell_cmds=``, ``require_shell_escape=``, ``sandbox_hidden=``,
+                ``approve_tool_calls=``, ``max_result_size=``, ``tool_channel=``) and those of
+                `RemoteGateway` as ``kernel_gateway_url=``, ``kernel_gateway_token=``, ``kernel_name=``,
+                ``kernel_start_timeout=``: the same settings as the option object with that field.
 
-    The arguments are checked at once and kept, frozen, as `settings`.
+        The arguments are checked at once and kept, frozen, as `settings`.
 
-    Raises:
-        ValueError: If an argument is out of range or of the wrong kind (the message names it),
-            `sandbox_config` is given without ``sandbox=True``, the settings differ from `pool`'s,
-            an option that needs a local kernel is given with a remote gateway, or a setting is
-            given both in an option object and as a keyword.
-        TypeError: If a keyword argument is none of the above.
+        Raises:
+            ValueError: If an argument is out of range or of the wrong kind (the message names it),
+                `sandbox_config` is given without ``sandbox=True``, the settings differ from `pool`'s,
+                an option that needs a local kernel is given with a remote gateway, or a setting is
+                given both in an option object and as a keyword.
+            TypeError: If a keyword argument is none of the above.
     """
 
     def __init__(
@@ -349,30 +349,30 @@ async with CodeExecutor() as executor:
     async def upload(self, source: Path | str, dest: str | None = None) -> str:
         """Put a file or folder into a remote kernel's working directory (`kernel_gateway_url`).
 
-        A remote kernel shares no disk with the application: what it should import or read, such
-        as the ``mcptools`` folder `generate_mcp_sources` wrote, is uploaded, and sent again to
-        every fresh kernel (after `reset()`, a restart or a recovery). An upload to the same
-        place replaces the earlier one (a folder whole). Locally the kernel reads `working_dir`
-        itself: write files there instead.
+                A remote kernel shares no disk with the application: what it should import or read, such
+                as the ``mcptools`` folder `generate_mcp_sources` wrote, is uploaded, and sent again to
+                every fresh kernel (after `reset()`, a restart or a recovery). An upload to the same
+                place replaces the earlier one (a folder whole). Locally the kernel reads `working_dir`
+                itself: write files there instead.
 
-        Example:
-            ```python
-await generate_mcp_sources("library", params, Path("build/mcptools"))
-await executor.upload("build/mcptools")  # the kernel imports mcptools.library
-            ```
+                Example:
+                    ```python
+        await generate_mcp_sources("library", params, Path("build/mcptools"))
+        await executor.upload("build/mcptools")  # the kernel imports mcptools.library
+                    ```
 
-        Args:
-            source: The local file or folder.
-            dest: Where it goes, relative to the kernel's working directory; by default its name.
+                Args:
+                    source: The local file or folder.
+                    dest: Where it goes, relative to the kernel's working directory; by default its name.
 
-        Returns:
-            Where it went, relative to the kernel's working directory.
+                Returns:
+                    Where it went, relative to the kernel's working directory.
 
-        Raises:
-            RuntimeError: If the executor is not started, or its kernel is local.
-            ValueError: If `source` does not exist or is too large, or `dest` is not a relative
-                path inside the working directory.
-            KernelConnectionError: If the kernel could not unpack it.
+                Raises:
+                    RuntimeError: If the executor is not started, or its kernel is local.
+                    ValueError: If `source` does not exist or is too large, or `dest` is not a relative
+                        path inside the working directory.
+                    KernelConnectionError: If the kernel could not unpack it.
         """
         kernels = self._require_started().kernels
         if not isinstance(kernels, RemoteKernelHost):
