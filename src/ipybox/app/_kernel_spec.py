@@ -33,6 +33,8 @@ KERNEL_ARGS = [
     "--InteractiveShell.colors=nocolor",
     # Shell approval, the shell-escape guard and the kept working directory (see the module).
     "--IPKernelApp.extensions=ipybox.kernel._ext",
+    # ipykernel's kernel without its debugger (which ipybox kernels never serve): 8 MB less each.
+    "--IPKernelApp.kernel_class=ipybox.kernel._kernel.Kernel",
     # IPython would put the working directory on sys.path before loading the extension, so an
     # `ipybox/` planted there would run in every later kernel of the same working directory, other
     # sessions' included. The extension adds it once ipybox is loaded (kernel._ext).
