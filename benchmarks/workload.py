@@ -285,20 +285,15 @@ PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.sho
 async def fig_first_plot(args: argparse.Namespace) -> dict[str, Any]:
     """A started executor, idle for the agent's first think (the reset gap, not timed), then its
     first cell: import pyplot, draw one line, show it. A run whose result has no image counts as
-    short and is left out of the median. ipybox warms pyplot when asked (`warm_imports`, off by
-    default for its memory cost); the reference has no such option."""
-    import inspect
-
+    short and is left out of the median. ipybox runs with its defaults (it warms pyplot in the kernel it
+    has taken into use, `warm_imports`); the reference has no such option."""
     from ipybox import CodeExecutor
 
     runs = 3 if args.quick else 7
     samples: list[float] = []
     short = 0
-    warm: dict[str, Any] = {}
-    if "warm_imports" in inspect.signature(CodeExecutor).parameters:
-        warm["warm_imports"] = ("matplotlib.pyplot",)
     for _ in range(runs):
-        async with CodeExecutor(images_dir=Path("images"), **warm) as executor:
+        async with CodeExecutor(images_dir=Path("images")) as executor:
             await asyncio.sleep(args.reset_gap)
             start = time.perf_counter()
             result = await executor.execute(PLOT)

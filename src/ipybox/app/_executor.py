@@ -104,13 +104,11 @@ class CodeExecutor(_Cells, _Snapshots):
             ``os.chdir`` persists.
         spare_kernel: Keep a spare kernel warm so that `reset()` takes milliseconds; ``False``
             saves that kernel's memory (the MCP server's HTTP sessions do).
-        warm_imports: Modules every kernel imports in a background thread once it has run no
-            cell for half a second (a spare kernel while it waits to be handed out), so that the
-            first cell that needs them finds them loaded; a cell importing one meanwhile waits for
-            that import. ``None`` or ``()``: nothing ahead. ``("matplotlib.pyplot",)`` makes a
-            first plot after an idle moment about 0.4 s faster and costs each kernel about 31 MB
-            (a sandboxed kernel also builds matplotlib's font cache at that import, seconds of
-            CPU).
+        warm_imports: Modules a kernel imports in a background thread once the executor has taken
+            it into use and it has run no cell for half a second (a spare kernel waits until it is
+            handed out), so that the first cell that needs them finds them loaded; a cell importing
+            one meanwhile waits for that import. ``None``: ``("matplotlib.pyplot",)``, which makes a
+            first plot about 0.35 s faster and costs the kernel about 34 MB; ``()``: nothing ahead.
         max_result_size: Bytes one tool result may have on its way to the kernel (binary content
             counts as its base64; default 32 MiB); a larger result fails that call with an error
             naming the limit, and the next call works.

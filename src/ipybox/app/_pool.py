@@ -84,8 +84,9 @@ class KernelPool:
         approve_shell_cmds: See `CodeExecutor`.
         require_shell_escape: See `CodeExecutor`.
         sandbox_hidden: See `CodeExecutor`; the default audit trail's folder is always hidden.
-        warm_imports: See `CodeExecutor`. A kernel counts as ready only once it has imported them;
-            an executor on the pool gets kernels with the pool's, whatever its own.
+        warm_imports: See `CodeExecutor`; ``None`` here imports nothing ahead (each ready kernel
+            would hold them: pyplot costs about 34 MB a session). A kernel counts as ready only once
+            it has imported them; an executor on the pool gets kernels with the pool's, whatever its own.
         kernel_gateway_host: Host the gateway binds to.
         log_level: Log level of the gateway.
         registry: The trusted registry whose folder sandboxed kernels can never write; executors on
@@ -142,7 +143,8 @@ class KernelPool:
             memory_limit=memory_limit,
             max_processes=max_processes,
             sandbox_hidden=sandbox_hidden,
-            warm_imports=warm_imports,
+            # Nothing by default: every ready kernel would hold it (the pool's memory per session).
+            warm_imports=() if warm_imports is None else warm_imports,
         )
         self._registry_dir = (registry if registry is not None else default_registry()).path.parent
         self._trail_dir = default_audit_path().parent

@@ -23,13 +23,12 @@ from ipybox.gateway import _limits
 __all__ = ["DEFAULT_WARM_IMPORTS", "ExecutorSettings"]
 
 _MIN_PROCESSES = 16
-DEFAULT_WARM_IMPORTS: tuple[str, ...] = ()
-"""What a kernel imports in the background while idle unless told otherwise: nothing. Warming
-``("matplotlib.pyplot",)`` makes a first plot after an idle moment about 0.4 s faster but costs every
-kernel about 31 MB (the pool's memory per session goes from 36 to 67 MB, over its 45 MB target, and
-an idle executor with its spare from 167 to 234 MB), so it is the application's choice. A sandboxed
-kernel builds matplotlib's font cache anew at its first import (1.5-2 s of CPU), which every spare
-would pay."""
+DEFAULT_WARM_IMPORTS: tuple[str, ...] = ("matplotlib.pyplot",)
+"""What a kernel imports in the background once the application takes it into use and it has run no
+cell for half a second (`ipybox.kernel._warm`): pyplot, so that a first plot costs its drawing, not
+the 0.35 s import. It costs the kernel in use about 34 MB PSS; a spare kernel stays without it until
+handed out, and a `KernelPool` warms nothing unless told (its per-session memory), so an idle
+executor stays under the reference's (benchmarks/first_plot.txt). ``()`` turns it off."""
 
 
 @dataclass(frozen=True, kw_only=True)
