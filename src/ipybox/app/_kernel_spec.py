@@ -140,6 +140,7 @@ def _sandboxed(
         "lock": str(runtime / "gateway.lock"),
         "working_dir": str(working_dir),
         "prefix": limits.launcher([]),
+        "font_cache": str(_matplotlib_cache()),
     }
     if sandbox.tools_base is not None:
         launch["tools_base"] = str(sandbox.tools_base)
@@ -155,6 +156,16 @@ def _sandboxed(
         *argv,
     ]
     return command, confinement
+
+
+def _matplotlib_cache() -> Path:
+    """Where matplotlib keeps its font list for this user, as matplotlib finds it (without importing it)."""
+    configured = os.environ.get("MPLCONFIGDIR")
+    if configured:
+        return Path(configured)
+    if sys.platform.startswith(("linux", "freebsd")):
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "matplotlib"
+    return Path.home() / ".matplotlib"
 
 
 def write_sandbox_settings(
