@@ -81,7 +81,7 @@ async def test_a_spare_kernel_imports_nothing_until_it_is_handed_out(tmp_path: P
             spares = [process for process in kernel_processes() if process.pid != pid]
             if spares:
                 break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # sleep: the spare's process has no event to wait on; bounded
         else:
             pytest.fail("no spare kernel started within a minute")
         # sleep: idle time is what the test needs; a spare that warmed itself would have by then.

@@ -136,17 +136,17 @@ def _seed_font_list(source: str | None, config_dir: str, tmp: str) -> None:
     except OSError:
         return
     for name in names[:_FONT_LISTS]:
-        try:
+        try:  # a speed-up only: whatever fails, the kernel starts and scans the fonts itself
             fd = os.open(os.path.join(source, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as file:
+                data = file.read(_FONT_LIST_SIZE + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+            if not data or len(data) > _FONT_LIST_SIZE:
+                continue
+            os.makedirs(config_dir, 0o700, exist_ok=True)
+            with open(os.path.join(config_dir, name), "xb") as copy:
+                copy.write(data)
         except OSError:
             continue
-        with os.fdopen(fd, "rb") as file:
-            data = file.read(_FONT_LIST_SIZE + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-        if not data or len(data) > _FONT_LIST_SIZE:
-            continue
-        os.makedirs(config_dir, 0o700, exist_ok=True)
-        with open(os.path.join(config_dir, name), "xb") as copy:
-            copy.write(data)
 
 
 def _settings_file(spec: dict[str, Any]) -> str:
