@@ -280,6 +280,8 @@ async def fig_executor_reset(args: argparse.Namespace) -> dict[str, Any]:
 
 
 PLOT = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()"
+# Starts of an executor the first_plot figure tries before it gives up.
+_START_TRIES = 6
 
 
 async def fig_first_plot(args: argparse.Namespace) -> dict[str, Any]:
@@ -294,7 +296,7 @@ async def fig_first_plot(args: argparse.Namespace) -> dict[str, Any]:
     short = 0
     retried = 0
     for _ in range(runs):
-        for attempt in range(3):
+        for attempt in range(_START_TRIES):
             try:
                 async with CodeExecutor(images_dir=Path("images")) as executor:
                     await asyncio.sleep(args.reset_gap)
@@ -305,7 +307,7 @@ async def fig_first_plot(args: argparse.Namespace) -> dict[str, Any]:
             except RuntimeError as exc:
                 # The reference gives up connecting to its kernel after 10 s, which a busy machine
                 # exceeds; the start is not what this figure times, so it is tried again.
-                if "Failed to create kernel" not in str(exc) or attempt == 2:
+                if "Failed to create kernel" not in str(exc) or attempt == _START_TRIES - 1:
                     raise
                 retried += 1
         if len(result.images) == 1:
