@@ -140,7 +140,7 @@ def _sandboxed(
         "lock": str(runtime / "gateway.lock"),
         "working_dir": str(working_dir),
         "prefix": limits.launcher([]),
-        "font_cache": str(_matplotlib_cache()),
+        "font_cache": _matplotlib_cache(),
     }
     if sandbox.tools_base is not None:
         launch["tools_base"] = str(sandbox.tools_base)
@@ -158,14 +158,19 @@ def _sandboxed(
     return command, confinement
 
 
-def _matplotlib_cache() -> Path:
-    """Where matplotlib keeps its font list for this user, as matplotlib finds it (without importing it)."""
+def _matplotlib_cache() -> str:
+    """Where matplotlib keeps its font list for this user, as matplotlib finds it (without importing
+    it); empty if there is no home folder to look in."""
     configured = os.environ.get("MPLCONFIGDIR")
     if configured:
-        return Path(configured)
+        return configured
+    try:
+        home = Path.home()
+    except RuntimeError:
+        return ""
     if sys.platform.startswith(("linux", "freebsd")):
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "matplotlib"
-    return Path.home() / ".matplotlib"
+        return str(Path(os.environ.get("XDG_CACHE_HOME") or home / ".cache") / "matplotlib")
+    return str(home / ".matplotlib")
 
 
 def write_sandbox_settings(
