@@ -458,7 +458,11 @@ def remote_gateway(kind: str) -> Iterator[RemoteGateway]:
     # Outside /tmp, which the namespace replaces with its own.
     jupyter_path = Path(tempfile.mkdtemp(prefix="ipybox-kernelspecs-", dir="/var/tmp"))
     try:
-        args = [arg for arg in KERNEL_ARGS if not arg.startswith("--IPKernelApp.extensions")]
+        args = [
+            arg
+            for arg in KERNEL_ARGS
+            if not arg.startswith(("--IPKernelApp.extensions", "--IPKernelApp.kernel_class"))
+        ]
         # Enterprise Gateway's environment lacks ipybox: its kernels take the kernel side (standard
         # library only) from this checkout, as an image with ipybox installed would have it.
         # Enterprise Gateway starts a kernel with only the spec's and KERNEL_* variables: the spec

@@ -36,6 +36,8 @@ KERNEL_SIDE = [
 ]
 # The IPython extension (and its shell half) runs in the kernel's own IPython, which every kernel has.
 ALLOWED_EXTRA = {SRC / "kernel" / name: frozenset({"IPython"}) for name in ("_ext.py", "_ext_shell.py")}
+# The kernel class is imported only by the kernel process as it starts, from its own ipykernel.
+ALLOWED_EXTRA[SRC / "kernel" / "_kernel.py"] = frozenset({"ipykernel"})
 ALLOWED_IPYBOX = ("ipybox.kernel", "ipybox.errors", "ipybox._wire", "ipybox.tool_exec")
 
 

@@ -78,7 +78,7 @@ class KernelEnv:
     EXEC_WALL: Final = "IPYBOX_EXEC_WALL"
     REQUIRE_SHELL_ESCAPE: Final = "IPYBOX_REQUIRE_SHELL_ESCAPE"
     WARM_IMPORTS: Final = "IPYBOX_WARM_IMPORTS"
-    """Comma-separated modules the kernel imports in the background from its start."""
+    """Comma-separated modules the kernel imports in the background once it is in use and idle."""
 
 
 class PoolEnv:

@@ -1,12 +1,14 @@
-"""Modules a kernel imports ahead (`CodeExecutor(warm_imports=...)`): in the background once the
-kernel is idle, so that a spare kernel has them before it is handed out, while a cell that needs
-one at once still gets it whole."""
+"""Modules a kernel imports ahead (`CodeExecutor(warm_imports=...)`, pyplot by default): in the
+background once the executor has taken the kernel into use and it is idle, while a cell that needs
+one at once still gets it whole; a spare kernel waits until it is handed out."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
+import psutil
 import pytest
 
 from ipybox import CodeExecutor
@@ -53,6 +55,46 @@ async def test_a_first_cell_that_races_the_warm_imports_gets_them_whole(tmp_path
         forced = await ex.execute(FORCED)
     assert first.text is None and len(first.images) == 1
     assert forced.text == "['matplotlib.pyplot'] False"
+
+
+def kernel_processes() -> list[psutil.Process]:
+    """The ipykernel processes this test process started (through its gateway)."""
+    found = []
+    for process in psutil.Process(os.getpid()).children(recursive=True):
+        try:
+            if "ipykernel_launcher" in " ".join(process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def has_matplotlib(process: psutil.Process) -> bool:
+    """Whether `process` has loaded matplotlib's compiled font module (pyplot imports it)."""
+    return "ft2font" in Path(f"/proc/{process.pid}/maps").read_text()
+
+
+async def test_a_spare_kernel_imports_nothing_until_it_is_handed_out(tmp_path: Path) -> None:
+    async with CodeExecutor(working_dir=tmp_path) as ex:  # the default warms pyplot
+        pid = int((await ex.execute("import os\nprint(os.getpid())")).text or "0")
+        for _ in range(600):  # the spare starts after the first execution
+            spares = [process for process in kernel_processes() if process.pid != pid]
+            if spares:
+                break
+            await asyncio.sleep(0.1)  # sleep: the spare's process has no event to wait on; bounded
+        else:
+            pytest.fail("no spare kernel started within a minute")
+        # sleep: idle time is what the test needs; a spare that warmed itself would have by then.
+        await asyncio.sleep(5)
+        assert not has_matplotlib(spares[0])
+        await ex.reset()
+        for _ in range(240):
+            if (await ex.execute(WARMED)).text == "True":
+                break
+            await asyncio.sleep(0.5)
+        else:
+            pytest.fail("the kernel handed out did not import the warm modules within 2 minutes")
+        assert (await ex.execute("import os\nprint(os.getpid())")).text == str(spares[0].pid)
 
 
 async def test_no_warm_imports_import_nothing_ahead(tmp_path: Path) -> None:

@@ -42,13 +42,12 @@ DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
 """The default `max_result_size` of `ToolServer`: bytes one tool result may have (32 MiB)."""
 
 _MIN_PROCESSES = 16
-DEFAULT_WARM_IMPORTS: tuple[str, ...] = ()
-"""What a kernel imports in the background while idle unless told otherwise: nothing. Warming
-``("matplotlib.pyplot",)`` makes a first plot after an idle moment about 0.4 s faster but costs every
-kernel about 31 MB (the pool's memory per session goes from 36 to 67 MB, over its 45 MB target, and
-an idle executor with its spare from 167 to 234 MB), so it is the application's choice. A sandboxed
-kernel builds matplotlib's font cache anew at its first import (1.5-2 s of CPU), which every spare
-would pay."""
+DEFAULT_WARM_IMPORTS: tuple[str, ...] = ("matplotlib.pyplot",)
+"""What a kernel imports in the background once the application takes it into use and it has run no
+cell for half a second (`ipybox.kernel._warm`): pyplot, so that a first plot costs its drawing, not
+the 0.35 s import. It costs the kernel in use about 34 MB PSS; a spare kernel stays without it until
+handed out, and a `KernelPool` warms nothing unless told (its per-session memory), so an idle
+executor stays under the reference's (benchmarks/first_plot.txt). ``()`` turns it off."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,12 +68,11 @@ class KernelOptions:
         max_processes: Processes and threads the kernel may run at once, itself and everything it
             starts included (at least 16); ``None``: no limit. A fork bomb then fails to fork, and
             its processes are killed with the kernel's next replacement or at `stop()`.
-        warm_imports: Modules every kernel imports in a background thread once it has run no
-            cell for half a second (a spare kernel while it waits to be handed out), so that the
-            first cell that needs them finds them loaded; a cell importing one meanwhile waits for
-            that import. ``None`` or ``()``: nothing ahead. ``("matplotlib.pyplot",)`` makes a
-            first plot after an idle moment about 0.4 s faster and costs each kernel about 31 MB
-            (a sandboxed kernel also builds matplotlib's font cache at that import, seconds of CPU).
+        warm_imports: Modules a kernel imports in a background thread once the executor has taken
+            it into use and it has run no cell for half a second (a spare kernel waits until it is
+            handed out), so that the first cell that needs them finds them loaded; a cell importing
+            one meanwhile waits for that import. ``None``: ``("matplotlib.pyplot",)``, which makes a
+            first plot about 0.35 s faster and costs the kernel about 34 MB; ``()``: nothing ahead.
         approve_shell_cmds: Whether shell commands in cells (``!cmd``, ``x = !cmd``, ``%%bash``,
             ``%%sh``, ``%%script``) wait for approval like tool calls: an `ApprovalRequest` with
             ``server_name="ipybox"`` and ``tool_name="shell"`` (``tool_args={"cmd": <the command

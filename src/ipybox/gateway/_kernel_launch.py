@@ -36,6 +36,7 @@ import json
 import os
 import shlex
 import signal
+import stat
 import sys
 
 TYPE_CHECKING = False
@@ -54,6 +55,9 @@ _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
 _GRACE = 5.0
 _OWN_IPC = "--own-ipc"
+# matplotlib's font lists copied into a kernel's folder: how many, and the largest (bytes).
+_FONT_LISTS = 4
+_FONT_LIST_SIZE = 8 << 20
 
 
 def wrap(srt: str, settings_file: str, argv: list[str], tmp_dir: str, working_dir: str) -> list[str]:
@@ -88,6 +92,7 @@ def _private_folders(spec: dict[str, Any], connection_file: str) -> tuple[str, s
     for key, value in list(os.environ.items()):
         if value == shared or value.startswith(shared + os.sep):
             os.environ[key] = tmp + value[len(shared) :]
+    _seed_font_list(spec.get("font_cache"), os.environ.get("MPLCONFIGDIR", ""), tmp)
     # srt's own sockets go in the folder itself: in `tmp` their paths would be too long.
     os.environ["TMPDIR"] = folder
     with open(_settings_file(spec)) as file:
@@ -110,6 +115,38 @@ def _private_folders(spec: dict[str, Any], connection_file: str) -> tuple[str, s
         json.dump(settings, file)
     os.replace(partial, own)
     return own, tmp
+
+
+def _seed_font_list(source: str | None, config_dir: str, tmp: str) -> None:
+    """Copy the user's matplotlib font lists from `source` into the kernel's own matplotlib folder.
+
+    A sandboxed kernel's matplotlib folder is in its private `tmp` (``MPLCONFIGDIR``), new for every
+    kernel: without a font list there, its first import of matplotlib scanned every font on the
+    system (2 to 5 s of CPU, in the first plot or, warmed, in every kernel). The list matplotlib keeps
+    for the user (read here, outside the sandbox, which hides the home folder) names fonts by path;
+    matplotlib checks its version and scans anew if it does not match. Copies only: nothing the
+    kernel writes goes back. A folder the application chose (its own ``MPLCONFIGDIR``) is left alone.
+    """
+    if not source or not config_dir.startswith(tmp + os.sep):
+        return
+    try:
+        names = sorted(
+            name for name in os.listdir(source) if name.startswith("fontlist-v") and name.endswith(".json")
+        )
+    except OSError:
+        return
+    for name in names[:_FONT_LISTS]:
+        try:  # a speed-up only: whatever fails, the kernel starts and scans the fonts itself
+            fd = os.open(os.path.join(source, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd, "rb") as file:
+                data = file.read(_FONT_LIST_SIZE + 1) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+            if not data or len(data) > _FONT_LIST_SIZE:
+                continue
+            os.makedirs(config_dir, 0o700, exist_ok=True)
+            with open(os.path.join(config_dir, name), "xb") as copy:
+                copy.write(data)
+        except OSError:
+            continue
 
 
 def _settings_file(spec: dict[str, Any]) -> str:

@@ -19,8 +19,8 @@ the kernel's environment, which `CodeExecutor` fills:
   folder of its own, so that no trusted process has a kernel-writable working directory).
 - ``IPYBOX_WORKING_DIR=path``: the kernel starts there, and after every cell that left it the
   working directory is put back (with a note in the cell's output).
-- ``IPYBOX_WARM_IMPORTS=a,b.c``: modules imported in a background thread once the kernel is idle
-  (`ipybox.kernel._warm`), so that the first cell needing them (a first plot) finds them loaded.
+- ``IPYBOX_WARM_IMPORTS=a,b.c``: modules imported in a background thread once the kernel is in use
+  and idle (`ipybox.kernel._warm`), so that the first cell needing them (a first plot) finds them loaded.
 
 Whatever the environment: the folder of the kernel's own Python goes first on ``PATH`` (with a
 ``pip`` that is uv's pip interface for it when it has no pip), so that ``!python``, ``!pip`` and

@@ -25,6 +25,8 @@ from ipybox.errors import ExecutionError, KernelConnectionError
 
 __all__ = ["KernelHost", "fresh_kernel"]
 
+_ARM_WARM_IMPORTS = "__import__('ipybox.kernel._warm', fromlist=['arm']).arm()"
+
 # Seconds the gateway and kernels get to exit after SIGTERM when the host stops; they hold no
 # state worth a longer wait, and then they are killed.
 _STOP_GRACE = 0.05
@@ -170,6 +172,8 @@ class KernelHost:
             auth_token=self._token,
             spare_kernel=self._settings.spare_kernel,
             stdin_handler=self._stdin_handler,
+            # A spare kernel makes its warm imports only once taken into use (kernel._warm).
+            setup=(lambda: [_ARM_WARM_IMPORTS]) if self._settings.warm_imports else None,
         )
 
 

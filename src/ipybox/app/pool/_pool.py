@@ -78,8 +78,9 @@ class KernelPool:
         kernel_env: See `CodeExecutor`.
         kernel: What each kernel is (`KernelOptions`, as for `CodeExecutor`; limits are per kernel).
             The default audit trail's folder is always hidden. A kernel counts as ready only once it
-            has imported its `warm_imports`; an executor on the pool gets kernels with the pool's,
-            whatever its own.
+            has imported its `warm_imports` (``None`` here imports nothing ahead: each ready kernel
+            would hold them, pyplot about 34 MB a session); an executor on the pool gets kernels
+            with the pool's, whatever its own.
         kernel_gateway_host: Host the gateway binds to.
         log_level: Log level of the gateway.
         registry: The trusted registry whose folder sandboxed kernels can never write; executors on
@@ -124,6 +125,9 @@ class KernelPool:
             running=lambda: self._gateway is not None,
         )
         options = gather_options("KernelPool", keywords, KernelKeywords.__optional_keys__, kernel)
+        if options.get("warm_imports") is None:
+            # Nothing ahead by default: every ready kernel would hold it (the pool's memory per session).
+            options["warm_imports"] = ()
         self._settings = ExecutorSettings(
             kernel_gateway_host=kernel_gateway_host,
             kernel_env=kernel_env if kernel_env is not None else {},
