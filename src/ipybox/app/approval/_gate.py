@@ -1,7 +1,7 @@
 """Where the tool server applies the policy and keeps the audit trail (application side only).
 
-The tool server holds one `Gate` per executor session; each request (tool call or shell
-command) gets a `Ticket`: `Ticket.admit` decides it (policy, then what the application allowed
+The decision chain (`ipybox.app.approval._chain`) holds one `Gate` per executor session; each
+request (tool call or shell command) gets a `Ticket`: `Ticket.admit` decides it (policy, then what the application allowed
 for the session, then the application's approval when the decision is ``ask``) and writes its
 audit record before it runs; `Ticket.finish` adds the outcome. Nothing here is reachable from
 the kernel: the kernel sends a request and sees only its answer.
@@ -118,8 +118,8 @@ class Ticket:
         annotations: ToolAnnotations | None,
         ask: Callable[[], Awaitable[Asked]] | None,
         secrets: Iterable[str] = (),
-    ) -> None:
-        """Decide the request and write its record; returns once it may run.
+    ) -> str:
+        """Decide the request and write its record; returns who allowed it once it may run.
 
         Args:
             annotations: The tool's MCP annotations from its server's tool list.
@@ -127,6 +127,9 @@ class Ticket:
                 when it rejects, expires or is gone); ``None`` when the application asked for no
                 approval of these calls (an ``ask`` then runs unasked).
             secrets: Values to keep out of the record.
+
+        Returns:
+            Who allowed it, as the record names them.
 
         Raises:
             GateDenied: A rule refused it.
@@ -161,6 +164,7 @@ class Ticket:
                     self.gate.remember(self.server, self.tool, self.tool_args)
         self._write("allowed", by, "running")
         self._running = time.perf_counter()
+        return by
 
     def finish(self, status: int | None, answer: bytes | None, outcome: str = "ok") -> None:
         """Add the outcome: the HTTP status and answer of the request (``None``: it was cancelled);

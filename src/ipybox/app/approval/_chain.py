@@ -1,0 +1,224 @@
+"""The one decision chain: whether a call may run, for every kind of call (application side only).
+
+Every call that code in a kernel makes the trusted side run, or asks it about, is decided here:
+a tool call over ``POST /run`` or the kernel's stdin channel (with a policy gate or without one),
+a shell command the kernel runs itself once allowed (``POST /approve``, an ask-only call on the
+stdin channel) and one the tool server runs for a walled kernel (``POST /shell``). The person at an
+MCP client (``ipybox --approve-tool-calls``, their questions built by ``ipybox.mcp_server``) answers
+through the application's approval client, so their answer reaches the chain as the application's.
+
+`DecisionChain.begin` opens a call's `Decision`; `Decision.permit` applies the policy rules and what
+the session remembers (the `Gate`), asks the application over the `ApprovalChannel` when the rules
+say ``ask`` (under the channel's timeout, in a tracing span when tracing is on), writes the audit
+record, and returns a `Permit`, or raises `Refused`. `Decision.finish` adds the outcome to the record.
+
+The code that runs a call takes a `Permit`, and only this module can make one: the structural form
+of "only the chain can say yes" (the same place pydantic-ai's ``ApprovalRequiredToolset`` takes, in
+front of ``call_tool``). A test over the source holds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Final
+
+from mcp.types import ToolAnnotations
+
+from ipybox.app.approval._gate import Asked, Gate, GateDenied, Ticket
+from ipybox.app.approval._server import (
+    ApprovalChannel,
+    ApprovalClientDisconnected,
+    Decider,
+    NoApprovalClientError,
+)
+from ipybox.errors import ToolCallOutcome
+
+if TYPE_CHECKING:
+    from ipybox.app._tracing import Tracing
+
+__all__ = ["Decision", "DecisionChain", "Permit", "Refused"]
+
+# How a rejection reads to the caller, by who decided (`Decider`).
+_REJECTED_BY_APP = "was rejected by the application."
+_REJECTED = {
+    Decider.APPLICATION: _REJECTED_BY_APP,
+    Decider.PERSON: "was rejected by the person at the MCP client.",
+    Decider.HIDDEN_CELL: (
+        "was rejected: it was made while a cell the application runs on its own was running (the refresh "
+        "after register_mcp_server or install_package); nobody approves or is asked about a call then, "
+        "so it does not run. Make the call from a cell of your own."
+    ),
+    Decider.TOO_LARGE: (
+        "was rejected without asking: its arguments are too large to show to the person who approves "
+        "calls. Pass less data per call (write large data to a file and pass its path)."
+    ),
+}
+
+# Only `Decision.permit` holds this, so only it can make a `Permit`.
+_MINT: Final = object()
+
+
+class Refused(Exception):
+    """The chain did not allow a call: its HTTP status, outcome kind and message for the caller.
+
+    Also what the code around a call raises for a call that fails before or after its decision.
+    """
+
+    def __init__(self, status: int, kind: ToolCallOutcome, message: str, by: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+        self.message = message
+        # Who decided, for the audit trail, where the kind does not say it (an abandoned request).
+        self.by = by
+
+
+class Permit:
+    """A call the chain allowed; the code that runs a call (a tool, a shell command) requires one.
+
+    Made only by `Decision.permit`; making one elsewhere raises ``TypeError``.
+    """
+
+    __slots__ = ("by", "server_name", "tool_name")
+
+    def __init__(self, mint: object, server_name: str, tool_name: str, by: str) -> None:
+        if mint is not _MINT:
+            raise TypeError("Only the decision chain (DecisionChain) makes a Permit.")
+        self.server_name = server_name
+        self.tool_name = tool_name
+        self.by = by
+
+
+class DecisionChain:
+    """Decides whether calls may run: policy rules, session memory, the application, timeouts, audit.
+
+    Args:
+        channel: Where the application (or the person, through it) is asked; its ``approval_timeout``
+            bounds each question.
+        gate: The policy, what the session accepted to remember, and the audit trail of the
+            executor's session; ``None``: every call is asked about (when asking is on) and none is
+            recorded or remembered.
+        tracing: Makes a span of each approval wait; ``None``: no spans.
+    """
+
+    def __init__(
+        self, channel: ApprovalChannel, gate: Gate | None = None, tracing: Tracing | None = None
+    ) -> None:
+        self._channel = channel
+        self._gate = gate
+        self._tracing = tracing
+
+    @property
+    def checks_calls(self) -> bool:
+        """Whether a decision reads the tool's annotations (a gate is there): the caller lists the tool."""
+        return self._gate is not None
+
+    def begin(self, server_name: str, tool_name: str, tool_args: dict[str, Any], label: str) -> Decision:
+        """Open a call's decision (nothing is decided or written yet).
+
+        Args:
+            server_name: The server (``ipybox`` for a shell command).
+            tool_name: The tool (``shell`` or ``shell_magic`` for a shell command).
+            tool_args: The arguments, as the application would be shown them.
+            label: How messages name the call (``"Tool call s.t"``, ``"ipybox.shell"``).
+        """
+        ticket = self._gate.ticket(server_name, tool_name, tool_args) if self._gate is not None else None
+        return Decision(self, server_name, tool_name, tool_args, label, ticket)
+
+    async def _ask(self, server_name: str, tool_name: str, tool_args: dict[str, Any]) -> Asked:
+        call = f"{server_name}.{tool_name}"
+        try:
+            decision = self._channel.ask(server_name, tool_name, tool_args)
+            if self._tracing is not None:
+                decision = self._tracing.approval(server_name, tool_name, decision)
+            accepted, remember, abandoned, by = await decision
+        except NoApprovalClientError:
+            raise Refused(
+                503,
+                "failed",
+                f"Tool call {call} failed: it needs approval, but the application's approval client is not "
+                "connected to the tool server; connect an ApprovalClient before running code that calls tools.",
+            ) from None
+        except ApprovalClientDisconnected:
+            raise Refused(
+                503, "failed", f"Tool call {call} failed: the approval client disconnected before it decided."
+            ) from None
+        except TimeoutError:
+            raise Refused(
+                504,
+                "expired",
+                f"Tool call {call} expired: the application made no approval decision within "
+                f"{self._channel.approval_timeout:g} s.",
+            ) from None
+        if abandoned:
+            raise Refused(
+                403,
+                "rejected",
+                f"Tool call {call} was rejected: the application's stream ended before anybody decided.",
+                by="abandoned",
+            )
+        if not accepted:
+            raise Refused(403, "rejected", f"Tool call {call} {_REJECTED.get(by, _REJECTED_BY_APP)}", by=by)
+        return Asked(accepted, remember, by=by)
+
+
+class Decision:
+    """One call on its way through the chain (made by `DecisionChain.begin`)."""
+
+    __slots__ = ("_chain", "_ticket", "label", "server_name", "tool_args", "tool_name")
+
+    def __init__(
+        self,
+        chain: DecisionChain,
+        server_name: str,
+        tool_name: str,
+        tool_args: dict[str, Any],
+        label: str,
+        ticket: Ticket | None,
+    ) -> None:
+        self._chain = chain
+        self._ticket = ticket
+        self.server_name = server_name
+        self.tool_name = tool_name
+        self.tool_args = tool_args
+        self.label = label
+
+    async def permit(
+        self,
+        *,
+        ask: bool,
+        annotations: ToolAnnotations | None = None,
+        secrets: Iterable[str] = (),
+    ) -> Permit:
+        """Decide the call and write its record; the permit to run it.
+
+        Args:
+            ask: Whether a call the rules do not decide is put to the application (else it runs
+                unasked, recorded as such).
+            annotations: The tool's MCP annotations, which policy rules may match.
+            secrets: Values kept out of the audit record.
+
+        Raises:
+            Refused: A rule denied it, the application rejected it or did not decide in time, nobody
+                was there to ask, or its audit record could not be written.
+        """
+        chain = self._chain
+        server, tool, args = self.server_name, self.tool_name, self.tool_args
+        if self._ticket is None:
+            by = (await chain._ask(server, tool, args)).by if ask else "unasked"
+            return Permit(_MINT, server, tool, by)
+        try:
+            by = await self._ticket.admit(
+                annotations=annotations,
+                ask=(lambda: chain._ask(server, tool, args)) if ask else None,
+                secrets=secrets,
+            )
+        except GateDenied as exc:
+            raise Refused(exc.status, exc.kind, f"{self.label} {exc.reason}.") from None
+        return Permit(_MINT, server, tool, by)
+
+    def finish(self, status: int | None, answer: bytes | None, outcome: str = "ok") -> None:
+        """Add the outcome to the record: the HTTP status and answer (``None``: cancelled); `outcome`
+        names a success. A call that failed before its decision is recorded too."""
+        if self._ticket is not None:
+            self._ticket.finish(status, answer, outcome)
