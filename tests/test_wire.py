@@ -23,7 +23,7 @@ from ipybox._wire import (
     ToolServerEnv,
     ToolServerPaths,
 )
-from ipybox.app.sandbox._shell import ShellResult, _ShellRequest
+from ipybox.app.sandbox._shell import ShellRequest, ShellResult
 from ipybox.app.tools._calls import _RunRequest
 from ipybox.app.tools._http import _error
 from ipybox.app.tools._stdin_channel import _Call, _Request
@@ -92,8 +92,8 @@ def test_the_body_the_kernel_writes_is_the_one_the_tool_server_reads(
 
 
 def test_the_tool_servers_shell_model_has_the_shell_fields_and_kinds() -> None:
-    assert set(_ShellRequest.model_fields) == ShellFields.ALL
-    assert set(get_args(_ShellRequest.model_fields[ShellFields.KIND].annotation)) == ShellFields.KINDS
+    assert set(ShellRequest.model_fields) == ShellFields.ALL
+    assert set(get_args(ShellRequest.model_fields[ShellFields.KIND].annotation)) == ShellFields.KINDS
     assert {field.name for field in dataclasses.fields(ShellResult)} == ShellAnswerFields.ALL
 
 
@@ -109,7 +109,7 @@ def test_the_shell_request_the_kernel_writes_is_the_one_the_tool_server_reads(
     request = exchange.send(False)  # a new connection: the next step sends the request
     assert isinstance(request, bytes)
     assert request.startswith(f"POST {ToolServerPaths.SHELL} HTTP/1.1\r\n".encode())
-    body = _ShellRequest.model_validate_json(request.partition(b"\r\n\r\n")[2])
+    body = ShellRequest.model_validate_json(request.partition(b"\r\n\r\n")[2])
     assert (body.kind, body.cmd, body.argv, body.cwd) == (kind, "echo hi", argv, "/work")
     exchange.close()
 

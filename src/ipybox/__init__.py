@@ -17,12 +17,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ipybox.app.apigen._generate import generate_mcp_sources
-    from ipybox.app.approval._client import ApprovalRequest
-    from ipybox.app.executor._executor import CodeExecutor
-    from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
-    from ipybox.app.executor._snapshot import SnapshotReport
-    from ipybox.app.pool._pool import KernelPool
+    from ipybox.app.apigen import generate_mcp_sources
+    from ipybox.app.approval import ApprovalRequest
+    from ipybox.app.executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor, SnapshotReport
+    from ipybox.app.pool import KernelPool
     from ipybox.errors import CodeExecutionError
 
 __all__ = [
@@ -37,14 +35,14 @@ __all__ = [
 ]
 
 _EXPORTS = {
-    "ApprovalRequest": "ipybox.app.approval._client",
-    "CodeExecutionChunk": "ipybox.app.executor._results",
+    "ApprovalRequest": "ipybox.app.approval",
+    "CodeExecutionChunk": "ipybox.app.executor",
     "CodeExecutionError": "ipybox.errors",
-    "CodeExecutionResult": "ipybox.app.executor._results",
-    "CodeExecutor": "ipybox.app.executor._executor",
-    "KernelPool": "ipybox.app.pool._pool",
-    "SnapshotReport": "ipybox.app.executor._snapshot",
-    "generate_mcp_sources": "ipybox.app.apigen._generate",
+    "CodeExecutionResult": "ipybox.app.executor",
+    "CodeExecutor": "ipybox.app.executor",
+    "KernelPool": "ipybox.app.pool",
+    "SnapshotReport": "ipybox.app.executor",
+    "generate_mcp_sources": "ipybox.app.apigen",
 }
 
 

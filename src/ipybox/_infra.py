@@ -2,6 +2,8 @@
 
 - `listen`: a listening TCP or Unix socket, to hand to uvicorn (the port is read back from it).
 - `Uvicorn`: uvicorn serving an ASGI app in this process's event loop.
+- `DIRECT_TEXT`: the scope extension through which a WebSocket connection hands the app a
+  synchronous handler of text messages; `disconnected`: wait for an HTTP client to hang up.
 - `BearerToken` and `Guard`: the bearer token, Host and Origin checks, for HTTP and WebSocket alike.
 - `kill_tree`: stop a process with its descendants (and its process group); `running`.
 - `strip_ansi`: remove terminal escape sequences; `ANSI_TAIL` finds one a later chunk completes.
@@ -29,6 +31,11 @@ from pathlib import Path
 import psutil
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+# The scope extension through which a WebSocket connection of the tool server's uvicorn protocol
+# hands an application a synchronous handler of text messages.
+DIRECT_TEXT = "ipybox.direct_text"
+
 
 # --- listening sockets
 
@@ -236,6 +243,12 @@ async def refuse_http(send: Send, status: int, message: str, *, jsonrpc: bool = 
 
 
 # --- process trees
+
+
+async def disconnected(receive: Receive) -> None:
+    """Return once the client has closed its connection (the request body was read before)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def kill_tree(pid: int, grace: float = 0.0, *, group: bool = False, groups: bool = False) -> None:

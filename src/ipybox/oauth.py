@@ -7,7 +7,7 @@ receives the redirect on a callback of its own (``"oauth": {"redirect_uri": ...}
 an `AuthorizationHandler` with `set_authorization_handler`.
 """
 
-from ipybox.app.mcp_client._oauth import AuthorizationHandler, set_authorization_handler
+from ipybox.app.mcp_client import AuthorizationHandler, set_authorization_handler
 
 __all__ = ["AuthorizationHandler", "set_authorization_handler"]
 

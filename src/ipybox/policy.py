@@ -5,6 +5,6 @@ reaches the application's approval; ``ipybox --policy FILE`` reads them from a T
 (`load_policy`). See ``ipybox.app.approval._policy`` for how rules match.
 """
 
-from ipybox.app.approval._policy import Policy, Rule, Verdict, load_policy
+from ipybox.app.approval import Policy, Rule, Verdict, load_policy
 
 __all__ = ["Policy", "Rule", "Verdict", "load_policy"]

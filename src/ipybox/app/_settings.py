@@ -16,11 +16,12 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from ipybox._wire import KernelEnv
-from ipybox.app.kernels._gateway import gateway_log_level
-from ipybox.app.tools._server import DEFAULT_MAX_RESULT_SIZE
 from ipybox.gateway import _limits
 
-__all__ = ["DEFAULT_WARM_IMPORTS", "ExecutorSettings"]
+__all__ = ["DEFAULT_MAX_RESULT_SIZE", "DEFAULT_WARM_IMPORTS", "ExecutorSettings", "gateway_log_level"]
+
+# The largest tool result the tool server hands back to a kernel, in bytes.
+DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
 
 _MIN_PROCESSES = 16
 DEFAULT_WARM_IMPORTS: tuple[str, ...] = ()
@@ -278,3 +279,15 @@ def _checked_env(kernel_env: Mapping[str, str] | None) -> dict[str, str]:
                 f"are strings without NUL: pass str(value), e.g. {{{name!r}: {str(value)!r}}}."
             )
     return dict(kernel_env)
+
+
+def gateway_log_level(level: str) -> str:
+    """Translate a Python logging level name to the gateway's spelling of it.
+
+    Raises:
+        ValueError: `level` is not a logging level's name.
+    """
+    name = level.upper()
+    if name not in ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"):
+        raise ValueError(f"Unknown log level {level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+    return "WARN" if name == "WARNING" else name

@@ -1,14 +1,14 @@
 """The code executor: `CodeExecutor`, its results and chunks.
 
-A public import path; the code lives in ``ipybox.app.executor._executor``.
+A public import path; the code lives in ``ipybox.app.executor``.
 """
 
-from ipybox.app.executor._executor import (
+from ipybox.app.executor import (
     CodeExecutionChunk,
-    CodeExecutionError,
     CodeExecutionResult,
     CodeExecutor,
 )
+from ipybox.errors import CodeExecutionError
 
 __all__ = [
     "CodeExecutionChunk",

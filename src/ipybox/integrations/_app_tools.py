@@ -26,7 +26,7 @@ from mcp.server import ServerRequestContext
 from mcp.server.lowlevel import Server
 
 from ipybox._infra import Guard, Uvicorn, listen
-from ipybox.app.mcp_client._registry import ServerRegistry
+from ipybox.app.mcp_client import ServerRegistry
 
 __all__ = ["AppTool", "AppToolServer"]
 

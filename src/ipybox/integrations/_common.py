@@ -16,10 +16,9 @@ import anyio
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from ipybox.app.approval._client import ApprovalRequest
-from ipybox.app.executor._executor import CodeExecutor
-from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
-from ipybox.app.kernels._output import KeptText
+from ipybox.app.approval import ApprovalRequest
+from ipybox.app.executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+from ipybox.app.kernels import KeptText
 from ipybox.errors import CodeExecutionError
 
 __all__ = [

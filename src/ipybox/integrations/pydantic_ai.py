@@ -30,8 +30,8 @@ from pydantic_ai import BinaryContent  # noqa: E402  (the version is checked fir
 from pydantic_ai.exceptions import ToolFailed  # noqa: E402
 from pydantic_ai.toolsets import FunctionToolset  # noqa: E402
 
-from ipybox.app.approval._policy import Policy  # noqa: E402
-from ipybox.app.executor._executor import CodeExecutor  # noqa: E402
+from ipybox.app.approval import Policy  # noqa: E402
+from ipybox.app.executor import CodeExecutor  # noqa: E402
 
 __all__ = ["SUPPORTED", "IpyboxToolset"]
 

@@ -38,9 +38,9 @@ check_version("smolagents", SUPPORTED, "smolagents")
 from smolagents.local_python_executor import CodeOutput, PythonExecutor  # noqa: E402
 from smolagents.serialization import SafeSerializer  # noqa: E402
 
-from ipybox.app.approval._policy import Policy  # noqa: E402
-from ipybox.app.executor._executor import CodeExecutor  # noqa: E402
-from ipybox.app.mcp_client._registry import ServerRegistry  # noqa: E402
+from ipybox.app.approval import Policy  # noqa: E402
+from ipybox.app.executor import CodeExecutor  # noqa: E402
+from ipybox.app.mcp_client import ServerRegistry  # noqa: E402
 from ipybox.errors import CodeExecutionError  # noqa: E402
 from ipybox.integrations._app_tools import AppTool, AppToolServer  # noqa: E402
 from ipybox.integrations._smolagents_kernel import FINAL_ANSWER, prelude, tool_definition  # noqa: E402

@@ -3,7 +3,7 @@
 A public import path; the code lives in ``ipybox.app.apigen._generate``.
 """
 
-from ipybox.app.apigen._generate import (
+from ipybox.app.apigen import (
     generate_mcp_sources,
 )
 

@@ -10,7 +10,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from ipybox.app.approval._audit import AuditRecord, AuditTrail, default_audit_path
+from ipybox.app.approval import AuditRecord, AuditTrail, default_audit_path
 
 _DESCRIPTION = """\
 Show the audit trail: one record per tool call and shell command the executors of this user

@@ -49,11 +49,11 @@ def parse_auth_args(argv: list[str]) -> argparse.Namespace:
 
 def auth_main(argv: list[str]) -> None:
     """Run ``ipybox auth ...``; exits with 1 and a message on stderr when it fails."""
-    from ipybox.app.mcp_client import _oauth
+    from ipybox.app.mcp_client import list_logins, login, logout, set_authorization_handler
 
     args = parse_auth_args(argv)
     if args.command == "list":
-        logins = _oauth.list_logins()
+        logins = list_logins()
         if not logins:
             print("No stored OAuth logins.")
         for entry in logins:
@@ -64,7 +64,7 @@ def auth_main(argv: list[str]) -> None:
             print(f"{entry.server_name}\t{entry.url}\t{entry.state}{expiry}{refresh}")
         return
     if args.command == "logout":
-        if _oauth.logout(args.name):
+        if logout(args.name):
             print(f"Forgot the OAuth login of MCP server {args.name!r}.")
         else:
             print(f"No stored OAuth login for MCP server {args.name!r}.")
@@ -72,8 +72,8 @@ def auth_main(argv: list[str]) -> None:
     try:
         params = _login_params(args)
         if not args.no_browser:
-            _oauth.set_authorization_handler(_open_in_browser)
-        tools = asyncio.run(_oauth.login(args.name, params, connect_timeout=args.timeout))
+            set_authorization_handler(_open_in_browser)
+        tools = asyncio.run(login(args.name, params, connect_timeout=args.timeout))
     except (IpyboxError, OSError) as exc:
         print(f"ipybox auth login: {exc}", file=sys.stderr)
         raise SystemExit(1) from None
@@ -81,7 +81,7 @@ def auth_main(argv: list[str]) -> None:
 
 
 def _login_params(args: argparse.Namespace) -> dict[str, Any]:
-    from ipybox.app.mcp_client._registry import default_registry
+    from ipybox.app.mcp_client import default_registry
 
     if args.url is not None:
         oauth: dict[str, Any] = {"scope": args.scope} if args.scope else {}
@@ -106,7 +106,7 @@ async def _open_in_browser(server_name: str, authorization_url: str) -> None:
 def refuse_browser_step() -> None:
     """Make a server's first use fail with what to run, instead of waiting on a URL in the MCP
     server's stderr (which the person at the MCP client does not see)."""
-    from ipybox.app.mcp_client import _oauth
+    from ipybox.app.mcp_client import set_authorization_handler
 
     async def refuse(server_name: str, authorization_url: str) -> str | None:
         raise AuthorizationError(
@@ -115,4 +115,4 @@ def refuse_browser_step() -> None:
             server_name,
         )
 
-    _oauth.set_authorization_handler(refuse)
+    set_authorization_handler(refuse)

@@ -17,9 +17,9 @@ import anyio
 import mcp_types as types
 from mcp.server import ServerRequestContext
 
-from ipybox.app.executor._executor import CodeExecutionResult, CodeExecutor
-from ipybox.app.kernels._output import DEFAULT_MAX_OUTPUT_CHARS, KeptText
-from ipybox.app.sandbox._confined import ConfinedPathError
+from ipybox.app.executor import CodeExecutionResult, CodeExecutor
+from ipybox.app.kernels import DEFAULT_MAX_OUTPUT_CHARS, KeptText
+from ipybox.app.sandbox import ConfinedPathError
 from ipybox.mcp_server import _elicit, _output
 
 Progress = Callable[[float, str], Awaitable[None]]

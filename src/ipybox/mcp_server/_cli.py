@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ipybox._wire import UserEnv
-from ipybox.app.approval._policy import Policy, load_policy
+from ipybox.app.approval import Policy, load_policy
 from ipybox.errors import IpyboxError, PolicyError
 from ipybox.mcp_server._server import Settings, SingleSession, build_server
 from ipybox.mcp_server._session_limits import DEFAULT_IDLE_TIMEOUT
@@ -404,7 +404,7 @@ def _stdin_problem() -> str | None:
 
 def _announce_oversight(args: argparse.Namespace) -> None:
     """Say which policy decides the inner tool calls, and where they are recorded."""
-    from ipybox.app.approval._audit import default_audit_path
+    from ipybox.app.approval import default_audit_path
     from ipybox.mcp_server._announce import announce
 
     policy: Policy | None = args.policy

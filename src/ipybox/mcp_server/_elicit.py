@@ -35,10 +35,9 @@ import mcp_types as types
 from mcp.server import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from ipybox.app.approval._client import ApprovalRequest, shown_name
-from ipybox.app.approval._server import Decider
-from ipybox.app.executor._executor import CodeExecutionChunk, CodeExecutionResult
-from ipybox.app.kernels._output import KeptText
+from ipybox.app.approval import ApprovalRequest, Decider, shown_name
+from ipybox.app.executor import CodeExecutionChunk, CodeExecutionResult
+from ipybox.app.kernels import KeptText
 from ipybox.errors import ApprovalError, CodeExecutionError
 from ipybox.mcp_server._question import MAX_CALL_CHARS, question
 

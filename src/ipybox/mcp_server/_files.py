@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ipybox.app.mcp_client._registry import default_registry_path
-from ipybox.app.sandbox._confined import (
+from ipybox.app.mcp_client import default_registry_path
+from ipybox.app.sandbox import (
     Confined,
     ConfinedPathError,
     TooLargeError,

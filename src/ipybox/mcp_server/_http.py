@@ -23,7 +23,7 @@ from mcp.shared.exceptions import MCPError
 
 from ipybox._infra import Guard, Uvicorn, listen
 from ipybox._wire import UserEnv
-from ipybox.app.pool._capacity import max_sessions_for_memory
+from ipybox.app.pool import max_sessions_for_memory
 from ipybox.mcp_server._announce import announce, stage
 from ipybox.mcp_server._files import MAX_FILE_BYTES
 from ipybox.mcp_server._server import Settings, build_server

@@ -40,7 +40,7 @@ from urllib.parse import urlsplit
 import anyio
 
 from ipybox.app import sandbox as _sandbox
-from ipybox.app.mcp_client._registry import default_registry_path
+from ipybox.app.mcp_client import default_registry_path
 from ipybox.errors import SandboxUnavailableError
 from ipybox.gateway import _kernel_launch
 

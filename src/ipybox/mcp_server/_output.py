@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from ipybox._infra import strip_ansi
-from ipybox.app.sandbox._confined import Confined, ConfinedPathError, remove_entry, write_new
+from ipybox.app.sandbox import Confined, ConfinedPathError, remove_entry, write_new
 
 # Images are scaled so that the longer side is at most this many pixels: a model sees about
 # (w * h) / 750 tokens per image, so 768 x 768 stays under a thousand tokens.

@@ -22,8 +22,7 @@ from typing import Any
 
 import anyio
 
-from ipybox.app.approval._client import ApprovalRequest, shown_name
-from ipybox.app.approval._policy import is_shell, read_shell
+from ipybox.app.approval import ApprovalRequest, is_shell, read_shell, shown_name
 
 __all__ = ["HEAD_CHARS", "MAX_CALL_CHARS", "TAIL_CHARS", "WHOLE_CHARS", "question", "shown_call"]
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ipybox.app.sandbox._confined import Confined, ConfinedPathError, TooLargeError
+from ipybox.app.sandbox import Confined, ConfinedPathError, TooLargeError
 from ipybox.errors import ToolSearchError
 from ipybox.kernel._search import INDEX_FILE, ToolMatch, check_query, rank
 

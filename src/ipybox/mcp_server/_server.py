@@ -18,10 +18,10 @@ from dotenv import dotenv_values
 from mcp.server import Server, ServerRequestContext
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from ipybox.app.approval._policy import Policy
-from ipybox.app.executor._executor import CodeExecutor
-from ipybox.app.pool._pool import KernelPool
-from ipybox.app.sandbox._confined import Confined, ConfinedPathError
+from ipybox.app.approval import Policy
+from ipybox.app.executor import CodeExecutor
+from ipybox.app.pool import KernelPool
+from ipybox.app.sandbox import Confined, ConfinedPathError
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server import _files
 from ipybox.mcp_server._cell_answers import Progress

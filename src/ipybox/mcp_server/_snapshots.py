@@ -28,9 +28,8 @@ from typing import Annotated
 import mcp_types as types
 from pydantic import Field
 
-from ipybox.app.executor._executor import CodeExecutor
-from ipybox.app.executor._snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, SnapshotReport
-from ipybox.app.sandbox._confined import Confined, ConfinedPathError
+from ipybox.app.executor import DEFAULT_MAX_SNAPSHOT_BYTES, CodeExecutor, SnapshotReport
+from ipybox.app.sandbox import Confined, ConfinedPathError
 from ipybox.errors import IpyboxError
 from ipybox.mcp_server._cell_answers import _error, _text
 from ipybox.mcp_server._declare import Declared, declare

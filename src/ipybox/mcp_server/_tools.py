@@ -22,11 +22,10 @@ import mcp_types as types
 from mcp.server import ServerRequestContext
 from pydantic import Field
 
-from ipybox.app.approval._client import ApprovalRequest
-from ipybox.app.approval._server import Decider
-from ipybox.app.executor._executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
-from ipybox.app.kernels._output import DEFAULT_MAX_OUTPUT_CHARS, KeptText
-from ipybox.app.sandbox._confined import Confined, ConfinedPathError, relative_parts
+from ipybox.app.approval import ApprovalRequest, Decider
+from ipybox.app.executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
+from ipybox.app.kernels import DEFAULT_MAX_OUTPUT_CHARS, KeptText
+from ipybox.app.sandbox import Confined, ConfinedPathError, relative_parts
 from ipybox.errors import (
     ApiGenerationError,
     ApprovalError,
@@ -212,7 +211,7 @@ class ToolSession(_CellAnswers, SnapshotTools):
         ],
     ) -> types.CallToolResult:
         """Generate `mcptools/<server_name>/` and record the server for the tool server."""
-        from ipybox.app.apigen._generate import generate_mcp_sources, kernel_writable_warning
+        from ipybox.app.apigen import generate_mcp_sources, kernel_writable_warning
 
         # An early, friendly refusal of a link in place of mcptools/ (before the server is
         # recorded); the write itself is confined whatever happens in between.
@@ -225,7 +224,7 @@ class ToolSession(_CellAnswers, SnapshotTools):
         # started for the listing (the tool server checks again at every start).
         tool_server = self.executor._tool_server
         if tool_server is not None and (confinement := tool_server.confinement).writable:
-            from ipybox.app.mcp_client._params import StdioParams, confine, resolve_params
+            from ipybox.app.mcp_client import StdioParams, confine, resolve_params
 
             try:
                 resolved = resolve_params(server_params)

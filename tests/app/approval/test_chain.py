@@ -13,6 +13,7 @@ import ast
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import pytest_asyncio
@@ -62,11 +63,11 @@ async def work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
 @pytest.mark.parametrize("channel", ["http", "stdin"])
 @pytest.mark.parametrize("verdict", ["deny", "allow"])
 async def test_a_tool_call_from_the_kernel_runs_only_when_the_chain_allows_it(
-    work: Path, tmp_path: Path, channel: str, verdict: str
+    work: Path, tmp_path: Path, channel: Literal["http", "stdin"], verdict: str
 ) -> None:
     """Tool calls over HTTP (POST /run) and over the kernel's stdin channel, with the session's gate."""
     trail = tmp_path / "audit.sqlite3"
-    policy = Policy(default=verdict)
+    policy = Policy(default="deny" if verdict == "deny" else "allow")
     async with CodeExecutor(working_dir=work, audit=trail, policy=policy, tool_channel=channel) as ex:
         if verdict == "deny":
             with pytest.raises(CodeExecutionError, match="refused by the policy"):
@@ -108,7 +109,7 @@ async def test_a_shell_command_the_kernel_runs_itself_runs_only_when_the_chain_a
     work = tmp_path / "work"
     work.mkdir()
     trail = tmp_path / "audit.sqlite3"
-    policy = Policy(default=verdict)
+    policy = Policy(default="deny" if verdict == "deny" else "allow")
     async with CodeExecutor(working_dir=work, audit=trail, policy=policy, approve_shell_cmds=True) as ex:
         if verdict == "deny":
             with pytest.raises(CodeExecutionError, match="refused by the policy"):
@@ -135,7 +136,7 @@ async def test_a_shell_command_of_a_walled_kernel_runs_only_when_the_chain_allow
     work = tmp_path / "work"
     work.mkdir()
     trail = tmp_path / "audit.sqlite3"
-    policy = Policy(default=verdict)
+    policy = Policy(default="deny" if verdict == "deny" else "allow")
     async with CodeExecutor(
         working_dir=work, sandbox=True, approve_shell_cmds=True, audit=trail, policy=policy
     ) as ex:

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import anyio.to_thread
 
 from ipybox.app.apigen import _codegen, _search_index
-from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
-from ipybox.app.sandbox import _confined
+from ipybox.app.mcp_client import ServerRegistry, default_registry
+from ipybox.app.sandbox import Confined, ConfinedPathError, write_new
 from ipybox.errors import ApiGenerationError, ServerParamsError
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ async def generate_mcp_sources(
             "underscores, not starting with a digit and not a Python keyword (e.g. 'brave_search')."
         )
     # Imported on first use: the MCP SDK is a heavy import, and `import ipybox` stays cheap.
-    from ipybox.app.mcp_client._session import list_tools
+    from ipybox.app.mcp_client import list_tools
 
     tools = await list_tools(server_name, server_params, connect_timeout=connect_timeout)
     if registry is None:
@@ -127,7 +127,7 @@ async def generate_mcp_sources(
 def kernel_writable_warning(server_name: str, server_params: dict[str, Any], folder: Path) -> str | None:
     """Why a sandboxed executor working in `folder` would refuse to start this stdio server (a
     path of it lies in `folder`, which the kernel can write), or ``None``."""
-    from ipybox.app.mcp_client._params import StdioParams, confine, resolve_params
+    from ipybox.app.mcp_client import StdioParams, confine, resolve_params
 
     try:
         resolved = resolve_params(server_params)
@@ -158,17 +158,17 @@ def _write_package(server_name: str, tools: Sequence[Tool], root_dir: Path, key:
 
     def fill(package: int) -> None:
         for module, code in sources.items():
-            _confined.write_new(package, f"{module}.py", code)
-        _confined.write_new(package, _search_index.CATALOGUE_FILE, search_entries)
+            write_new(package, f"{module}.py", code)
+        write_new(package, _search_index.CATALOGUE_FILE, search_entries)
 
     try:
         # root_dir's parent is taken as the application names it; root_dir and everything in it
         # are walked without following links, which kernel code may have put there.
         root_dir.parent.mkdir(parents=True, exist_ok=True)
-        with _confined.Confined(root_dir.parent, label=repr(str(root_dir.parent))) as base:
+        with Confined(root_dir.parent, label=repr(str(root_dir.parent))) as base:
             base.replace_folder((*root, server_name), fill)
             _search_index.update_index(base, root, key, first=server_name)
-    except (OSError, _confined.ConfinedPathError) as exc:
+    except (OSError, ConfinedPathError) as exc:
         raise ApiGenerationError(
             f"Could not write the package for MCP server {server_name!r} to {target}: {exc}"
         ) from exc

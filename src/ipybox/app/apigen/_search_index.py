@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from ipybox.app.apigen import _codegen, _embedding
 from ipybox.app.apigen._codegen._names import _field_name
-from ipybox.app.sandbox import _confined
+from ipybox.app.sandbox import Confined, ConfinedPathError
 from ipybox.kernel._search import INDEX_FILE, INDEX_VERSION, words
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ def build_index(entries: Sequence[Mapping[str, str]]) -> dict[str, Any]:
     return index
 
 
-def update_index(base: _confined.Confined, root: Iterable[str], key: bytes, first: str | None = None) -> None:
+def update_index(base: Confined, root: Iterable[str], key: bytes, first: str | None = None) -> None:
     """Build the index of the root folder `root` (inside `base`) from its packages' catalogues.
 
     Only catalogues signed with `key` are used. The package `first` (the one just generated) is
@@ -256,7 +256,7 @@ def update_index(base: _confined.Confined, root: Iterable[str], key: bytes, firs
         # Whatever kernel code left under the index's name (a link, a folder) goes, unfollowed.
         base.remove_tree((*root, INDEX_FILE))
         base.write_atomic("/".join((*root, INDEX_FILE)), data)
-    except _confined.ConfinedPathError as exc:
+    except ConfinedPathError as exc:
         logger.warning("The tool search index was not updated: %s", exc)
 
 
@@ -264,7 +264,7 @@ _FIELDS = ("server", "tool", "module", "import_line", "signature", "description"
 
 
 def _read_catalogue(
-    base: _confined.Confined, relative: str, max_bytes: int, key: bytes
+    base: Confined, relative: str, max_bytes: int, key: bytes
 ) -> tuple[list[Mapping[str, str]], int]:
     """The entries of one catalogue and the bytes read; none for a file that does not pass."""
     if max_bytes <= 0:
@@ -284,7 +284,7 @@ def _read_catalogue(
         entries = data["tools"]
         if not isinstance(entries, list) or not all(_is_entry(entry) for entry in entries):
             raise ValueError("entries that are not tools")
-    except _confined.ConfinedPathError as exc:
+    except ConfinedPathError as exc:
         if not exc.missing:  # a package without a catalogue is not news
             logger.warning("The tool search leaves out %s: %s", relative, exc)
         return [], 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ipybox.app.mcp_client._registry import default_registry_path
+from ipybox.app._state import state_dir
 
 __all__ = ["AuditRecord", "AuditTrail", "default_audit_path"]
 
@@ -68,7 +68,7 @@ _COLUMNS = (
 
 def default_audit_path() -> Path:
     """The audit database's default location: ``audit/audit.sqlite3`` in the user's state folder."""
-    return default_registry_path().parent / "audit" / "audit.sqlite3"
+    return state_dir() / "audit" / "audit.sqlite3"
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from ipybox.app.tools._http import DIRECT_TEXT
+from ipybox._infra import DIRECT_TEXT
 from ipybox.errors import ApprovalClientDisconnected, NoApprovalClientError
 
 __all__ = ["ApprovalChannel", "ApprovalClientDisconnected", "Decider", "NoApprovalClientError"]

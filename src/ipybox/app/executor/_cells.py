@@ -16,14 +16,12 @@ from collections.abc import AsyncGenerator
 
 import anyio
 
-from ipybox.app.approval._client import ApprovalRequest
+from ipybox.app.approval import ApprovalRequest
 from ipybox.app.executor._oversight import Oversight
 from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
-from ipybox.app.kernels._client import ExecutionResult
-from ipybox.app.kernels._local_host import KernelHost
-from ipybox.app.kernels._remote_host import RemoteKernelHost
-from ipybox.app.pool._pooled_kernels import PooledKernels
-from ipybox.app.tools._server import ToolServer
+from ipybox.app.kernels import ExecutionResult, KernelHost, RemoteKernelHost
+from ipybox.app.pool import PooledKernels
+from ipybox.app.tools import ToolServer
 from ipybox.errors import (
     ApprovalError,
     CodeExecutionError,

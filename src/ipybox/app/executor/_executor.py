@@ -17,19 +17,15 @@ from typing import Any, Literal, Self
 from ipybox._wire import StdinChannel, ToolServerEnv
 from ipybox.app import sandbox as _sandbox
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.approval._client import ApprovalClient
-from ipybox.app.approval._policy import Policy
+from ipybox.app.approval import ApprovalClient, Policy
 from ipybox.app.executor._cells import _Cells, _Item
 from ipybox.app.executor._oversight import Oversight
 from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app.executor._snapshots import _Snapshots
-from ipybox.app.kernels._local_host import KernelHost
-from ipybox.app.kernels._remote_host import RemoteKernelHost
-from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
-from ipybox.app.pool._pool import KernelPool
-from ipybox.app.pool._pooled_kernels import PooledKernels
-from ipybox.app.tools._server import DEFAULT_MAX_RESULT_SIZE, ToolServer
-from ipybox.app.tools._stdin_channel import StdinToolCalls
+from ipybox.app.kernels import KernelHost, RemoteKernelHost
+from ipybox.app.mcp_client import ServerRegistry, default_registry
+from ipybox.app.pool import KernelPool, PooledKernels
+from ipybox.app.tools import DEFAULT_MAX_RESULT_SIZE, StdinToolCalls, ToolServer
 from ipybox.errors import (
     CodeExecutionError,
 )

@@ -14,9 +14,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ipybox.app.approval._audit import AuditTrail
-from ipybox.app.approval._gate import Gate
-from ipybox.app.approval._policy import Policy
+from ipybox.app.approval import AuditTrail, Gate, Policy
 from ipybox.errors import PolicyError
 
 if TYPE_CHECKING:

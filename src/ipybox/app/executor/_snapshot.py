@@ -34,9 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.kernels._local_host import KernelHost
-from ipybox.app.kernels._remote_host import RemoteKernelHost
-from ipybox.app.pool._pooled_kernels import PooledKernels
+from ipybox.app.kernels import KernelHost, RemoteKernelHost
+from ipybox.app.pool import PooledKernels
 from ipybox.errors import ExecutionError, KernelDiedError, SnapshotError
 from ipybox.kernel._snapshot_format import (
     DEFAULT_MAX_SNAPSHOT_BYTES,

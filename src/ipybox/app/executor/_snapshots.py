@@ -12,7 +12,7 @@ from pathlib import Path
 from ipybox.app._settings import ExecutorSettings
 from ipybox.app.executor import _snapshot
 from ipybox.app.executor._snapshot import DEFAULT_MAX_SNAPSHOT_BYTES, SnapshotReport
-from ipybox.app.tools._server import ToolServer
+from ipybox.app.tools import ToolServer
 
 
 class _Snapshots:

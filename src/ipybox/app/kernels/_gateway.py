@@ -23,10 +23,11 @@ from typing import Any, Self
 from ipybox._infra import listen
 from ipybox._wire import GatewayEnv, KernelEnv
 from ipybox.app import sandbox as _sandbox
+from ipybox.app._settings import gateway_log_level
+from ipybox.app._state import state_dir
 from ipybox.app.kernels._gateway_process import GatewayProcess, gateway_command
 from ipybox.app.kernels._spec import SandboxSetup, write_kernel_spec, write_sandbox_settings
-from ipybox.app.mcp_client._registry import default_registry_path
-from ipybox.app.sandbox._shell import KernelConfinement, ShellRunner
+from ipybox.app.sandbox import KernelConfinement, ShellRunner
 from ipybox.errors import GatewayError, SandboxUnavailableError
 from ipybox.gateway import _limits
 from ipybox.kernel import _exec_wall
@@ -124,7 +125,7 @@ class KernelGateway:
         self.host = host
         self.working_dir = Path(working_dir or Path.cwd()).resolve()
         self.sandbox_hidden = tuple(Path(folder).resolve() for folder in sandbox_hidden)
-        self.registry_dir = registry_dir if registry_dir is not None else default_registry_path().parent
+        self.registry_dir = registry_dir if registry_dir is not None else state_dir()
         self.auth_token = auth_token
         self.port = port or 0
         self.sandbox = sandbox
@@ -449,14 +450,6 @@ class KernelGateway:
         if self.auth_token:
             env["KG_AUTH_TOKEN"] = self.auth_token  # in the environment: argv is world-readable
         return env
-
-
-def gateway_log_level(level: str) -> str:
-    """Translate a Python logging level name to the gateway's spelling of it."""
-    name = level.upper()
-    if name not in ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"):
-        raise ValueError(f"Unknown log level {level!r}; use DEBUG, INFO, WARNING, ERROR or CRITICAL.")
-    return "WARN" if name == "WARNING" else name
 
 
 _GATEWAY_ENV_KEYS = frozenset(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ipybox._infra import ANSI_TAIL, strip_ansi
-from ipybox.app.sandbox._confined import Confined, ConfinedPathError, write_new
+from ipybox.app.sandbox import Confined, ConfinedPathError, write_new
 from ipybox.errors import ExecutionError
 
 __all__ = ["DEFAULT_MAX_OUTPUT_CHARS", "AnsiStripper", "ExecutionResult", "KeptText", "Outcome"]

@@ -37,7 +37,7 @@ from ipybox.app._settings import ExecutorSettings
 from ipybox.app.kernels._client import KernelClient
 from ipybox.app.kernels._gateway import KernelGateway
 from ipybox.app.kernels._stdin import StdinHandler
-from ipybox.app.sandbox._shell import KernelConfinement
+from ipybox.app.sandbox import KernelConfinement
 from ipybox.errors import ExecutionError, KernelConnectionError, KernelDiedError
 
 __all__ = ["MAX_UPLOAD_SIZE", "RemoteKernelHost", "setup_cell", "upload_cell"]

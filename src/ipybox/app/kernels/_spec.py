@@ -17,7 +17,7 @@ from typing import Any
 
 from ipybox._wire import KernelEnv, ToolServerEnv
 from ipybox.app import sandbox as _sandbox
-from ipybox.app.sandbox._shell import KernelConfinement
+from ipybox.app.sandbox import KernelConfinement
 from ipybox.gateway import _kernel_launch, _limits
 
 __all__ = ["KERNEL_ARGS", "KERNEL_NAME", "SandboxSetup", "write_kernel_spec"]

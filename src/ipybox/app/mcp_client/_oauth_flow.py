@@ -3,7 +3,8 @@
 Application side only, never imported inside a kernel. The application's `AuthorizationHandler`
 (`set_authorization_handler`, else the URL goes to stderr), the one-shot loopback listener that
 catches the redirect, and `_Provider`: the SDK's provider over a `TokenStore`, refreshing early
-and running the browser step only when allowed. :mod:`ipybox.app.mcp_client._oauth` builds connections on it.
+and running the browser step only when allowed; `oauth_connection`, the OAuth side of one HTTP
+connection built on it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
 import httpx2
@@ -30,12 +31,12 @@ from mcp.shared.auth import (
 )
 
 from ipybox._infra import listen
+from ipybox.app.mcp_client._oauth_settings import OAuthSettings
 from ipybox.app.mcp_client._oauth_store import _REFRESH_MARGIN, TokenStore
 from ipybox.errors import AuthorizationError
 
-if TYPE_CHECKING:
-    from ipybox.app.mcp_client._oauth import OAuthSettings
-
+# How long the browser step may take before the login is given up.
+LOGIN_TIMEOUT = 300.0
 
 _CALLBACK_PATH = "/callback"
 
@@ -355,3 +356,87 @@ class _Provider(OAuthClientProvider):
                 f"{query.get('error', 'no authorization code')}."
             )
         return AuthorizationCodeResult(code=query["code"], state=query["state"], iss=query.get("iss"))
+
+
+@dataclass
+class OAuthConnection:
+    """The OAuth side of one HTTP connection: the ``auth`` to give the HTTP client, and the
+    `AuthorizationError` that ended the connection, when one did."""
+
+    auth: httpx2.Auth
+    provider: _Provider
+
+    @property
+    def failure(self) -> AuthorizationError | None:
+        return self.provider.failure
+
+    def explain(self, exc: BaseException) -> AuthorizationError | None:
+        """The `AuthorizationError` behind `exc` (a failed connection or call), if it was one."""
+        if self.provider.failure is not None:
+            return self.provider.failure
+        flow = _find(exc, OAuthFlowError)
+        if flow is None:
+            return None
+        return self.provider._fail(
+            f"The OAuth authorization for MCP server {self.server_name!r} failed: {flow}. Check the server's URL "
+            f"and 'oauth' settings, then run `ipybox auth login {self.server_name}`."
+        )
+
+    @property
+    def server_name(self) -> str:
+        return self.provider.server_name
+
+    def close(self) -> None:
+        """Release the loopback callback's port."""
+        self.provider.close()
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    seen: set[int] = set()
+    stack: list[BaseException] = [exc]
+    while stack:
+        current = stack.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            stack.extend(current.exceptions)
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                stack.append(linked)
+    return None
+
+
+def oauth_connection(
+    server_name: str,
+    url: str,
+    settings: OAuthSettings,
+    *,
+    interactive: bool | None = None,
+    login_timeout: float = LOGIN_TIMEOUT,
+    on_wait: Callable[[bool], None] | None = None,
+) -> OAuthConnection:
+    """The OAuth side of one connection to `url`; `OAuthConnection.close` it when the connection ends.
+
+    Args:
+        server_name: The server's name.
+        url: The server's URL.
+        settings: Its ``"oauth"`` settings.
+        interactive: Whether the browser step may run; by default only when the server has no
+            stored login (a login that needs renewing fails with `AuthorizationError` instead).
+        login_timeout: Seconds the browser step may take.
+        on_wait: Called with ``True`` when the browser step starts waiting for the person and
+            with ``False`` when it ends (a connect deadline pauses meanwhile).
+
+    Raises:
+        OSError: The loopback callback's port cannot be used.
+    """
+    store = TokenStore(server_name, url)
+    if interactive is None:
+        record = store.read()
+        interactive = not record.get("tokens") and not record.get("login_required")
+    provider = _Provider(server_name, url, settings, store, interactive, login_timeout)
+    provider.on_wait = on_wait
+    return OAuthConnection(auth=provider, provider=provider)

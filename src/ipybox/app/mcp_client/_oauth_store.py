@@ -23,24 +23,10 @@ from typing import Any
 from mcp.client.auth.oauth2 import OAuthContext
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
+from ipybox.app._state import oauth_dir, private_dir
+
 # A token is refreshed once less than this much of its life is left (at most half its life).
 _REFRESH_MARGIN = 60.0
-
-
-def oauth_dir() -> Path:
-    """The folder of the stored logins: ``oauth/`` in the user's state directory (beside the
-    trusted registry), which the sandbox always denies."""
-    from ipybox.app.mcp_client._registry import default_registry_path
-
-    return default_registry_path().parent / "oauth"
-
-
-def private_dir(folder: Path) -> Path:
-    """`folder`, made if missing and kept owner-only (``0700``)."""
-    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if folder.stat().st_mode & 0o077:
-        os.chmod(folder, 0o700)
-    return folder
 
 
 @contextlib.contextmanager

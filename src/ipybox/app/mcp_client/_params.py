@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import httpx2
 
-from ipybox.app.mcp_client._oauth import OAuthSettings, parse_oauth
+from ipybox.app.mcp_client._oauth_settings import OAuthSettings, parse_oauth
 from ipybox.errors import ServerParamsError
 
 __all__ = ["HttpParams", "StdioParams", "confine", "resolve_params"]

@@ -20,14 +20,13 @@ import contextlib
 import copy
 import json
 import os
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ipybox._wire import UserEnv
+from ipybox.app._state import state_dir
 
 __all__ = ["ServerRegistry", "default_registry", "default_registry_path"]
 
@@ -35,18 +34,8 @@ _FORMAT_VERSION = 2
 
 
 def default_registry_path() -> Path:
-    """Return the registry file's default location (see the module docstring)."""
-    state_dir = os.environ.get(UserEnv.STATE_DIR)
-    if state_dir:
-        return Path(state_dir).expanduser() / "servers.json"
-    home = Path.home()
-    if sys.platform == "darwin":
-        base = home / "Library" / "Application Support"
-    elif sys.platform == "win32":  # pragma: no cover
-        base = Path(os.environ.get("LOCALAPPDATA") or home / "AppData" / "Local")
-    else:
-        base = Path(os.environ.get("XDG_STATE_HOME") or home / ".local" / "state")
-    return base / "ipybox" / "servers.json"
+    """Return the registry file's default location: ``servers.json`` in the user's state folder."""
+    return state_dir() / "servers.json"
 
 
 def default_registry() -> ServerRegistry:

@@ -31,7 +31,7 @@ from mcp_types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION
 
 from ipybox._infra import kill_tree
 from ipybox.app.mcp_client._errors import _SIZE_HINT, _describe, _find_mcp_error, _gone_error, _what
-from ipybox.app.mcp_client._oauth import OAuthConnection, oauth_connection
+from ipybox.app.mcp_client._oauth_flow import OAuthConnection, oauth_connection
 from ipybox.app.mcp_client._params import HttpParams, StdioParams, resolve_params
 from ipybox.app.mcp_client._stdio import (
     _SESSION_MARKER_ENV,

@@ -20,7 +20,7 @@ from typing import Any
 import websockets
 
 from ipybox._wire import ToolServerEnv
-from ipybox.app.kernels._wire import KernelChannels, execute_request
+from ipybox.app.kernels import KernelChannels, execute_request
 from ipybox.app.pool._places import Place
 from ipybox.errors import KernelConnectionError
 

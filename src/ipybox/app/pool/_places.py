@@ -19,8 +19,8 @@ from pathlib import Path
 from ipybox._wire import KernelEnv, PoolEnv
 from ipybox.app import sandbox as _sandbox
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.kernels._gateway import KernelGateway
-from ipybox.app.sandbox._shell import KernelConfinement
+from ipybox.app.kernels import KernelGateway
+from ipybox.app.sandbox import KernelConfinement
 
 __all__ = ["Place", "PoolPlaces"]
 

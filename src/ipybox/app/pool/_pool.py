@@ -31,17 +31,15 @@ import httpx2
 from ipybox._wire import ToolServerEnv
 from ipybox.app import sandbox as _sandbox
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.approval._audit import default_audit_path
-from ipybox.app.kernels._gateway import KernelGateway
-from ipybox.app.kernels._open import open_kernel
-from ipybox.app.kernels._wire import KernelChannels
-from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
+from ipybox.app.approval import default_audit_path
+from ipybox.app.kernels import KernelChannels, KernelGateway, open_kernel
+from ipybox.app.mcp_client import ServerRegistry, default_registry
 from ipybox.app.pool._kernel import WARM_UP, PoolKernel, hand_out, make_folder, run_hidden
 from ipybox.app.pool._places import Place, PoolPlaces
 from ipybox.app.pool._pooled_kernels import PooledKernels
 from ipybox.app.pool._settings import check_executor, check_hidden, pool_gateway
 from ipybox.app.pool._stock import KernelStock
-from ipybox.app.sandbox._shell import KernelConfinement
+from ipybox.app.sandbox import KernelConfinement
 
 __all__ = ["KernelPool"]
 

@@ -14,10 +14,8 @@ from typing import TYPE_CHECKING
 
 from ipybox._wire import ToolServerEnv
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.kernels._client import KernelClient
-from ipybox.app.kernels._gateway import KernelGateway
-from ipybox.app.kernels._local_host import fresh_kernel
-from ipybox.app.sandbox._shell import KernelConfinement
+from ipybox.app.kernels import KernelClient, KernelGateway, fresh_kernel
+from ipybox.app.sandbox import KernelConfinement
 
 if TYPE_CHECKING:
     from ipybox.app.pool._pool import KernelPool

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from ipybox._wire import KernelEnv, PoolEnv, ToolServerEnv
 from ipybox.app._settings import ExecutorSettings
-from ipybox.app.kernels._gateway import KernelGateway
-from ipybox.app.mcp_client._registry import ServerRegistry
+from ipybox.app.kernels import KernelGateway
+from ipybox.app.mcp_client import ServerRegistry
 
 __all__ = ["check_executor", "check_hidden", "pool_gateway"]
 

@@ -1,4 +1,11 @@
-"""Kernels inside Anthropic's sandbox-runtime (``srt``): finding it, its settings, the wrapped command.
+"""The sandbox: what confines a kernel and what confines the trusted side's own file access.
+
+Owns Anthropic's sandbox-runtime (``srt``: finding it, its settings, the wrapped command, the
+stand-ins for protected names), the one confined, descriptor-relative module through which
+trusted code touches the workspace (`Confined`), and the runner of a walled kernel's approved
+shell commands (`ShellRunner`, `KernelConfinement`: what confines one kernel).
+
+May import (within ``ipybox.app``): ``_state``.
 
 Only the kernel runs inside the sandbox; the gateway stays outside and launches each kernel
 through a kernel spec whose command is a launcher (`ipybox.gateway._kernel_launch`) that
@@ -21,10 +28,21 @@ srt and the gateway run in a private folder, never in the working directory (`_k
 protected names missing in the working directory are held by stand-ins that ipybox makes and
 removes, however the application ends (`make_placeholders`).
 
-Three modules: `_srt` finds srt, makes the private folders and checks that a sandbox starts;
-`_rules` builds the settings; `_placeholders` keeps the stand-ins.
+Modules: `_srt` finds srt, makes the private folders and checks that a sandbox starts; `_rules`
+builds the settings; `_placeholders` keeps the stand-ins; `_confined` is the trusted side's file
+access in the workspace; `_shell` runs approved shell commands; `_container` checks a container's
+workspace mount.
 """
 
+from ipybox.app.sandbox._confined import (
+    Confined,
+    ConfinedPathError,
+    TooLargeError,
+    check_unprotected,
+    relative_parts,
+    remove_entry,
+    write_new,
+)
 from ipybox.app.sandbox._placeholders import make_placeholders, remove_placeholders, sweep
 from ipybox.app.sandbox._rules import (
     CREDENTIAL_STORES,
@@ -42,6 +60,15 @@ from ipybox.app.sandbox._rules import (
     python_paths,
     root_only,
     sandbox_settings,
+)
+from ipybox.app.sandbox._shell import (
+    KernelConfinement,
+    ShellProgramError,
+    ShellRequest,
+    ShellResult,
+    ShellRunner,
+    run_while_connected,
+    shell_call,
 )
 from ipybox.app.sandbox._srt import (
     SRT_VERSION,
@@ -62,7 +89,16 @@ __all__ = [
     "SRT_VERSION",
     "SYSTEM_READABLE",
     "SYSTEM_SECRETS",
+    "Confined",
+    "ConfinedPathError",
+    "KernelConfinement",
+    "ShellProgramError",
+    "ShellRequest",
+    "ShellResult",
+    "ShellRunner",
+    "TooLargeError",
     "check",
+    "check_unprotected",
     "default_settings",
     "find_srt",
     "import_path_secrets",
@@ -72,11 +108,16 @@ __all__ = [
     "oauth_store",
     "private_base",
     "python_paths",
+    "relative_parts",
+    "remove_entry",
     "remove_placeholders",
     "root_only",
+    "run_while_connected",
     "sandbox_settings",
+    "shell_call",
     "srt_command",
     "srt_support",
     "sweep",
     "tools_dir",
+    "write_new",
 ]

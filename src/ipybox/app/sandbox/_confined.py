@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from types import TracebackType
 from typing import NoReturn, Self
 
-from ipybox.app.sandbox import PROTECTED_WORKSPACE_DIRS
+from ipybox.app.sandbox._rules import PROTECTED_WORKSPACE_DIRS
 
 __all__ = [
     "PROTECTED_NAMES",

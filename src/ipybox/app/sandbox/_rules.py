@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ipybox.app._state import oauth_dir, private_dir
 from ipybox.app.sandbox._srt import private_base
 from ipybox.errors import SandboxUnavailableError
 
@@ -389,10 +390,8 @@ def sandbox_settings(
 
 
 def oauth_store() -> Path:
-    """The folder of the stored OAuth logins (`ipybox.app.mcp_client._oauth.oauth_dir`), made (``0700``) if
+    """The folder of the stored OAuth logins (`ipybox.app._state.oauth_dir`), made (``0700``) if
     missing so that the sandbox denies a real folder, however the settings read the rest."""
-    from ipybox.app.mcp_client._oauth import oauth_dir, private_dir
-
     return private_dir(oauth_dir())
 
 

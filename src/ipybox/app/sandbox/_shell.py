@@ -27,12 +27,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import Receive
 
-from ipybox._infra import kill_tree
+from ipybox._infra import disconnected, kill_tree
 from ipybox._wire import ShellFields
-from ipybox.app.tools._http import _disconnected
 from ipybox.gateway import _kernel_launch
 
-__all__ = ["KernelConfinement", "ShellProgramError", "ShellResult", "ShellRunner"]
+__all__ = [
+    "KernelConfinement",
+    "ShellProgramError",
+    "ShellRequest",
+    "ShellResult",
+    "ShellRunner",
+    "run_while_connected",
+    "shell_call",
+]
 
 DEFAULT_SHELL_TIMEOUT = 3600.0
 DEFAULT_MAX_SHELL_OUTPUT = 4 * 1024 * 1024
@@ -273,7 +280,7 @@ class KernelConfinement:
     shell_runner: ShellRunner | None = None
 
 
-class _ShellRequest(BaseModel):
+class ShellRequest(BaseModel):
     """The body of ``POST /shell``."""
 
     model_config = ConfigDict(extra="forbid")
@@ -286,7 +293,7 @@ class _ShellRequest(BaseModel):
     cwd: str = Field(min_length=1)
 
 
-def _shell_call(body: _ShellRequest) -> tuple[dict[str, Any], list[str]]:
+def shell_call(body: ShellRequest) -> tuple[dict[str, Any], list[str]]:
     """The arguments a shell request is approved with, and the program line it runs."""
     if body.kind == ShellFields.SHELL:
         return {"cmd": body.cmd}, ["sh", "-c", body.cmd]  # sh as found on the runner's PATH
@@ -297,8 +304,8 @@ def _shell_call(body: _ShellRequest) -> tuple[dict[str, Any], list[str]]:
     return tool_args, body.argv
 
 
-async def _run_while_connected(
-    runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
+async def run_while_connected(
+    runner: ShellRunner, body: ShellRequest, argv: list[str], receive: Receive
 ) -> asyncio.Future[ShellResult]:
     """Run an approved shell request; it is cancelled if the kernel closes the connection first."""
     cell = body.cmd.encode() if body.kind == ShellFields.SHELL_MAGIC else None
@@ -306,7 +313,7 @@ async def _run_while_connected(
         runner.run(argv, cwd=body.cwd, stdin=cell, merge=body.kind == ShellFields.SHELL)
     )
     # The kernel closes the connection when its cell is interrupted: the command stops with it.
-    gone = asyncio.ensure_future(_disconnected(receive))
+    gone = asyncio.ensure_future(disconnected(receive))
     try:
         await asyncio.wait({running, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Receive
 
 from ipybox._wire import AnswerFields
-from ipybox.app.approval._chain import Decision, DecisionChain, Permit, Refused
-from ipybox.app.mcp_client._session import MCPSession
+from ipybox.app.approval import Decision, DecisionChain, Permit, Refused
+from ipybox.app.mcp_client import MCPSession
 from ipybox.app.tools._http import BodyReader, _Charge, _error, _json, _size, _summarise
 from ipybox.app.tools._options import Limits
 from ipybox.app.tools._sessions import ServerSessions

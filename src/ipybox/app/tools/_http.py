@@ -22,6 +22,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
 
+from ipybox._infra import DIRECT_TEXT
 from ipybox._wire import AnswerFields
 from ipybox.errors import ToolCallOutcome
 
@@ -37,8 +38,6 @@ _BODY_TIMEOUT = 60.0
 _MAX_CONNECTIONS = 512
 # Messages of one WebSocket that may wait for the application before reading stops.
 _WS_QUEUE = 4
-# The scope extension through which an application hands `_QueuedWebSocket` its text handler.
-DIRECT_TEXT = "ipybox.direct_text"
 # How long a request waits for room in the tool server's max_inflight_size before it fails.
 _INFLIGHT_WAIT = 60.0
 
@@ -361,12 +360,6 @@ def _summarise(exc: ValidationError) -> str:
     return "; ".join(
         f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in exc.errors()
     )
-
-
-async def _disconnected(receive: Receive) -> None:
-    """Return once the client has closed its connection (the request body was read before)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class _StderrFallback(logging.StreamHandler):  # type: ignore[type-arg]  # generic only in typeshed

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import TypedDict
 
 from ipybox._infra import BearerToken
-from ipybox.app.sandbox._shell import KernelConfinement, ShellRunner
+from ipybox.app._settings import DEFAULT_MAX_RESULT_SIZE
+from ipybox.app.sandbox import KernelConfinement, ShellRunner
 
 __all__ = [
     "DEFAULT_MAX_INFLIGHT_SIZE",
@@ -26,7 +27,6 @@ __all__ = [
     "gather",
 ]
 
-DEFAULT_MAX_RESULT_SIZE = 32 * 1024 * 1024
 DEFAULT_MAX_REQUEST_SIZE = 32 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT_SIZE = 128 * 1024 * 1024
 

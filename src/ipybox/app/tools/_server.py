@@ -48,12 +48,9 @@ from typing_extensions import Unpack
 
 from ipybox._infra import Uvicorn, listen
 from ipybox._wire import ToolServerPaths
-from ipybox.app.approval._chain import DecisionChain
-from ipybox.app.approval._gate import Gate
-from ipybox.app.approval._server import POLICY_VIOLATION, ApprovalChannel
-from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
-from ipybox.app.mcp_client._session import MCPSession
-from ipybox.app.sandbox._shell import KernelConfinement
+from ipybox.app.approval import POLICY_VIOLATION, ApprovalChannel, DecisionChain, Gate
+from ipybox.app.mcp_client import MCPSession, ServerRegistry, default_registry
+from ipybox.app.sandbox import KernelConfinement
 from ipybox.app.tools._calls import ToolCalls, _RunRequest
 from ipybox.app.tools._http import (
     _UNAUTHORIZED,

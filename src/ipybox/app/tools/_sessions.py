@@ -16,11 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 from mcp.types import Tool
 
-from ipybox.app.approval._chain import Refused
-from ipybox.app.mcp_client._params import StdioParams, confine, resolve_params
-from ipybox.app.mcp_client._registry import ServerRegistry
-from ipybox.app.mcp_client._session import MCPSession
-from ipybox.app.sandbox._shell import KernelConfinement
+from ipybox.app.approval import Refused
+from ipybox.app.mcp_client import MCPSession, ServerRegistry, StdioParams, confine, resolve_params
+from ipybox.app.sandbox import KernelConfinement
 from ipybox.errors import ServerParamsError
 
 if TYPE_CHECKING:

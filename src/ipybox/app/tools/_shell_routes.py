@@ -26,14 +26,14 @@ from ipybox._wire import (
     ShellFields,
     asks_about_shell,
 )
-from ipybox.app.approval._chain import Decision, DecisionChain, Permit, Refused
-from ipybox.app.sandbox._shell import (
+from ipybox.app.approval import Decision, DecisionChain, Permit, Refused
+from ipybox.app.sandbox import (
     KernelConfinement,
     ShellProgramError,
+    ShellRequest,
     ShellRunner,
-    _run_while_connected,
-    _shell_call,
-    _ShellRequest,
+    run_while_connected,
+    shell_call,
 )
 from ipybox.app.tools._calls import _RunRequest
 from ipybox.app.tools._http import (
@@ -140,7 +140,7 @@ class ShellRoutes:
         # The body (a command line) counts toward the in-flight budget only while it is read.
         charge = _Charge(self._inflight)
         try:
-            body = await self._parsed_body(request, charge, _ShellRequest, "shell command")
+            body = await self._parsed_body(request, charge, ShellRequest, "shell command")
         finally:
             charge.release()
         if isinstance(body, Response):
@@ -155,7 +155,7 @@ class ShellRoutes:
             )
         if body.kind == ShellFields.SHELL_MAGIC and not body.argv:
             return _error_response(400, "failed", "A shell_magic request needs argv, the program to run.")
-        tool_args, argv = _shell_call(body)
+        tool_args, argv = shell_call(body)
         try:
             runner.resolve(argv, body.cmd.encode() if body.kind == ShellFields.SHELL_MAGIC else None)
         except ShellProgramError as exc:  # refused before anyone is asked
@@ -187,12 +187,12 @@ class ShellRoutes:
         return decision, permit
 
     async def _run_shell(
-        self, permit: Permit, runner: ShellRunner, body: _ShellRequest, argv: list[str], receive: Receive
+        self, permit: Permit, runner: ShellRunner, body: ShellRequest, argv: list[str], receive: Receive
     ) -> Response:
         """Run the command the permit allows while the kernel stays connected."""
         if permit.tool_name != body.kind:
             return _error_response(403, "rejected", f"ipybox.{body.kind} has no permit.")
-        running = await _run_while_connected(runner, body, argv, receive)
+        running = await run_while_connected(runner, body, argv, receive)
         if running.cancelled():
             return Response(status_code=400)  # the client left; nobody reads this
         try:

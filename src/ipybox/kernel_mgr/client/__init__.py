@@ -4,7 +4,7 @@ A public import path; the code lives in ``ipybox.app.kernels._client`` (`Executi
 ``ipybox.app.kernels._output``).
 """
 
-from ipybox.app.kernels._client import (
+from ipybox.app.kernels import (
     ExecutionError,
     ExecutionResult,
     KernelClient,

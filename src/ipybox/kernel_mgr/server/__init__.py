@@ -3,7 +3,7 @@
 A public import path; the code lives in ``ipybox.app.kernels._gateway``.
 """
 
-from ipybox.app.kernels._gateway import (
+from ipybox.app.kernels import (
     KernelGateway,
 )
 

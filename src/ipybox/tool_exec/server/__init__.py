@@ -5,8 +5,8 @@ gives this user's. A public import path; the code lives in ``ipybox.app.tools._s
 ``ipybox.app.mcp_client._registry``.
 """
 
-from ipybox.app.mcp_client._registry import ServerRegistry, default_registry
-from ipybox.app.tools._server import (
+from ipybox.app.mcp_client import ServerRegistry, default_registry
+from ipybox.app.tools import (
     DEFAULT_MAX_INFLIGHT_SIZE,
     DEFAULT_MAX_REQUEST_SIZE,
     DEFAULT_MAX_RESULT_SIZE,

@@ -3,7 +3,7 @@
 A public import path; the code lives in ``ipybox.app.approval._client``.
 """
 
-from ipybox.app.approval._client import (
+from ipybox.app.approval import (
     ApprovalCallback,
     ApprovalClient,
     ApprovalRequest,

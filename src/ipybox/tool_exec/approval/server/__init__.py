@@ -3,7 +3,7 @@
 A public import path; the code lives in ``ipybox.app.approval._server``.
 """
 
-from ipybox.app.approval._server import (
+from ipybox.app.approval import (
     ApprovalChannel,
     ApprovalClientDisconnected,
     NoApprovalClientError,
