@@ -163,7 +163,7 @@ async def test_a_tool_call_of_a_tool_server_without_a_gate_runs_only_when_the_ap
 
     code = (
         "from ipybox.tool_exec.client import ToolRunner, ToolRunnerError\n"
-        f"runner = ToolRunner('demo', {DEMO!r}, port={{port}})\n"
+        "runner = ToolRunner('demo', DEMO, port=PORT)\n"
         "try:\n"
         "    print('result', runner.run_sync('greet', {'name': 'agent'}))\n"
         "except ToolRunnerError as exc:\n"
@@ -175,7 +175,7 @@ async def test_a_tool_call_of_a_tool_server_without_a_gate_runs_only_when_the_ap
         KernelGateway(port=0) as gateway,
         KernelClient(port=gateway.port) as kernel,
     ):
-        result = await kernel.execute(code.format(port=server.port))
+        result = await kernel.execute(f"DEMO = {DEMO!r}\nPORT = {server.port}\n{code}")
     text = result.text or ""
     assert asked == ["greet"]
     if verdict == "accept":
@@ -256,8 +256,8 @@ def test_only_the_chain_makes_a_permit_or_asks_the_application_or_opens_a_record
 
 def test_the_code_that_runs_a_call_requires_a_permit() -> None:
     """Each function that runs a tool (``call_tool_content``) or a shell command for a kernel
-    (``_run_while_connected``) takes a `Permit` parameter; the MCP session itself is exempt."""
-    runners = {"call_tool_content", "call_tool", "_run_while_connected"}
+    (``run_while_connected``) takes a `Permit` parameter; the MCP session itself is exempt."""
+    runners = {"call_tool_content", "call_tool", "run_while_connected"}
     exempt = {SRC / "app" / "mcp_client" / "_session.py"}
     without_permit = []
     checked = 0
