@@ -240,16 +240,17 @@ def _modules() -> list[tuple[Path, ast.Module]]:
     return [(path, ast.parse(path.read_text(), str(path))) for path in sorted(SRC.rglob("*.py"))]
 
 
-def test_only_the_chain_makes_a_permit_or_asks_the_application_or_opens_a_record() -> None:
-    """Permits, questions to the application (the approval channel's ``ask``) and the gate's tickets
-    (policy, session memory, audit record) are made in one module only."""
+def test_only_the_chain_makes_a_permit_or_asks_the_application_or_applies_the_rules() -> None:
+    """Permits, questions to the application (the approval channel's ``ask``), the rules' verdicts,
+    the session's acceptances and the audit records of decisions are made in one module only."""
     made_elsewhere = [
         f"{path.relative_to(SRC)}:{node.lineno} {name}"
         for path, tree in _modules()
         if path != CHAIN
         for node, name in _calls(tree)
-        if name in {"Permit", "ticket", "admit"}
-        or (name == "ask" and isinstance(node.func, ast.Attribute) and "channel" in ast.unparse(node.func))
+        if name in {"Permit", "verdict", "remember"}
+        or (name == "ask" and "channel" in ast.unparse(node.func))
+        or (name == "begin" and "audit" in ast.unparse(node.func))
     ]
     assert made_elsewhere == []
 

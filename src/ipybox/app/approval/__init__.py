@@ -12,7 +12,7 @@ May import (within ``ipybox.app``): ``_state``.
 from ipybox.app.approval._audit import AuditRecord, AuditTrail, default_audit_path
 from ipybox.app.approval._chain import Decision, DecisionChain, Permit, Refused
 from ipybox.app.approval._client import ApprovalCallback, ApprovalClient, ApprovalRequest, shown_name
-from ipybox.app.approval._gate import Asked, Gate, GateDenied, Ticket
+from ipybox.app.approval._gate import Gate
 from ipybox.app.approval._policy import Policy, Rule, Verdict, is_shell, load_policy, read_shell
 from ipybox.app.approval._server import (
     POLICY_VIOLATION,
@@ -29,20 +29,17 @@ __all__ = [
     "ApprovalClient",
     "ApprovalClientDisconnected",
     "ApprovalRequest",
-    "Asked",
     "AuditRecord",
     "AuditTrail",
     "Decider",
     "Decision",
     "DecisionChain",
     "Gate",
-    "GateDenied",
     "NoApprovalClientError",
     "Permit",
     "Policy",
     "Refused",
     "Rule",
-    "Ticket",
     "Verdict",
     "default_audit_path",
     "is_shell",

@@ -8,7 +8,7 @@ MCP client (``ipybox --approve-tool-calls``, their questions built by ``ipybox.m
 through the application's approval client, so their answer reaches the chain as the application's.
 
 `DecisionChain.begin` opens a call's `Decision`; `Decision.permit` applies the policy rules and what
-the session remembers (the `Gate`), asks the application over the `ApprovalChannel` when the rules
+the session remembers (the session's `Gate`), asks the application over the `ApprovalChannel` when the rules
 say ``ask`` (under the channel's timeout, in a tracing span when tracing is on), writes the audit
 record, and returns a `Permit`, or raises `Refused`. `Decision.finish` adds the outcome to the record.
 
@@ -19,12 +19,15 @@ front of ``call_tool``). A test over the source holds it.
 
 from __future__ import annotations
 
+import logging
+import sqlite3
+import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Final
 
 from mcp.types import ToolAnnotations
 
-from ipybox.app.approval._gate import Asked, Gate, GateDenied, Ticket
+from ipybox.app.approval._gate import Gate, outcome_of
 from ipybox.app.approval._server import (
     ApprovalChannel,
     ApprovalClientDisconnected,
@@ -37,6 +40,8 @@ if TYPE_CHECKING:
     from ipybox.app._tracing import Tracing
 
 __all__ = ["Decision", "DecisionChain", "Permit", "Refused"]
+
+logger = logging.getLogger("ipybox.tool_exec.server")
 
 # How a rejection reads to the caller, by who decided (`Decider`).
 _REJECTED_BY_APP = "was rejected by the application."
@@ -53,6 +58,9 @@ _REJECTED = {
         "calls. Pass less data per call (write large data to a file and pass its path)."
     ),
 }
+
+# How a failed question is recorded, by the outcome kind of its error.
+_WHO = {"rejected": Decider.APPLICATION, "expired": "timeout", "failed": "abandoned"}
 
 # Only `Decision.permit` holds this, so only it can make a `Permit`.
 _MINT: Final = object()
@@ -122,10 +130,14 @@ class DecisionChain:
             tool_args: The arguments, as the application would be shown them.
             label: How messages name the call (``"Tool call s.t"``, ``"ipybox.shell"``).
         """
-        ticket = self._gate.ticket(server_name, tool_name, tool_args) if self._gate is not None else None
-        return Decision(self, server_name, tool_name, tool_args, label, ticket)
+        return Decision(self, self._gate, server_name, tool_name, tool_args, label)
 
-    async def _ask(self, server_name: str, tool_name: str, tool_args: dict[str, Any]) -> Asked:
+    async def _ask(self, server_name: str, tool_name: str, tool_args: dict[str, Any]) -> tuple[bool, str]:
+        """Put the call to the application; whether it accepted for the rest of the session, and who decided.
+
+        Raises:
+            Refused: Rejected, expired, or nobody there to ask.
+        """
         call = f"{server_name}.{tool_name}"
         try:
             decision = self._channel.ask(server_name, tool_name, tool_args)
@@ -159,29 +171,32 @@ class DecisionChain:
             )
         if not accepted:
             raise Refused(403, "rejected", f"Tool call {call} {_REJECTED.get(by, _REJECTED_BY_APP)}", by=by)
-        return Asked(accepted, remember, by=by)
+        return remember, by
 
 
 class Decision:
-    """One call on its way through the chain (made by `DecisionChain.begin`)."""
-
-    __slots__ = ("_chain", "_ticket", "label", "server_name", "tool_args", "tool_name")
+    """One call on its way through the chain (made by `DecisionChain.begin`), and its audit record."""
 
     def __init__(
         self,
         chain: DecisionChain,
+        gate: Gate | None,
         server_name: str,
         tool_name: str,
         tool_args: dict[str, Any],
         label: str,
-        ticket: Ticket | None,
     ) -> None:
         self._chain = chain
-        self._ticket = ticket
+        self._gate = gate
         self.server_name = server_name
         self.tool_name = tool_name
         self.tool_args = tool_args
         self.label = label
+        self._record: int | None = None
+        self._secrets: tuple[str, ...] = ()
+        self._decided = False
+        self._started = time.time()
+        self._running = 0.0
 
     async def permit(
         self,
@@ -192,9 +207,11 @@ class Decision:
     ) -> Permit:
         """Decide the call and write its record; the permit to run it.
 
+        The rules first (and what the session accepted), then, for ``ask``, the application; a
+        call decided ``ask`` while asking is off runs unasked, recorded as such.
+
         Args:
-            ask: Whether a call the rules do not decide is put to the application (else it runs
-                unasked, recorded as such).
+            ask: Whether a call the rules do not decide is put to the application.
             annotations: The tool's MCP annotations, which policy rules may match.
             secrets: Values kept out of the audit record.
 
@@ -202,23 +219,96 @@ class Decision:
             Refused: A rule denied it, the application rejected it or did not decide in time, nobody
                 was there to ask, or its audit record could not be written.
         """
-        chain = self._chain
-        server, tool, args = self.server_name, self.tool_name, self.tool_args
-        if self._ticket is None:
-            by = (await chain._ask(server, tool, args)).by if ask else "unasked"
-            return Permit(_MINT, server, tool, by)
-        try:
-            by = await self._ticket.admit(
-                annotations=annotations,
-                ask=(lambda: chain._ask(server, tool, args)) if ask else None,
-                secrets=secrets,
+        gate = self._gate
+        if gate is None:
+            by = (
+                (await self._chain._ask(self.server_name, self.tool_name, self.tool_args))[1]
+                if ask
+                else "unasked"
             )
-        except GateDenied as exc:
-            raise Refused(exc.status, exc.kind, f"{self.label} {exc.reason}.") from None
-        return Permit(_MINT, server, tool, by)
+            return Permit(_MINT, self.server_name, self.tool_name, by)
+        self._secrets = tuple(secrets)
+        verdict = gate.verdict(self.server_name, self.tool_name, self.tool_args, annotations)
+        by = verdict.by if verdict.by in {"default", "session"} or verdict.by.startswith("rule") else "policy"
+        if verdict.decision == "deny":
+            self._write("denied", f"{by} ({verdict.by})" if by == "policy" else by, "rejected")
+            where = f" ({verdict.origin})" if verdict.origin else ""
+            reason = (
+                f"was refused by policy {verdict.by}{where}"
+                if verdict.by != "default"
+                else "was refused by the policy's default decision"
+            )
+            raise Refused(403, "rejected", f"{self.label} {reason}.")
+        if verdict.decision == "ask":
+            by = await self._asked(gate) if ask else "unasked"
+        self._write("allowed", by, "running")
+        self._running = time.perf_counter()
+        return Permit(_MINT, self.server_name, self.tool_name, by)
+
+    async def _asked(self, gate: Gate) -> str:
+        """Who accepted the call once the application was asked; a refusal is recorded, then raised."""
+        try:
+            remember, by = await self._chain._ask(self.server_name, self.tool_name, self.tool_args)
+        except BaseException as exc:
+            kind = getattr(exc, "kind", "failed")
+            who = getattr(exc, "by", None) or _WHO.get(kind, "abandoned")
+            self._write("denied", who, kind if kind in _WHO else "failed")
+            raise
+        if remember:
+            gate.remember(self.server_name, self.tool_name, self.tool_args)
+        return by
 
     def finish(self, status: int | None, answer: bytes | None, outcome: str = "ok") -> None:
         """Add the outcome to the record: the HTTP status and answer (``None``: cancelled); `outcome`
         names a success. A call that failed before its decision is recorded too."""
-        if self._ticket is not None:
-            self._ticket.finish(status, answer, outcome)
+        audit = self._gate.audit if self._gate is not None else None
+        if audit is None:
+            return
+        if self._record is None and not self._decided:
+            # Failed before a decision (an unknown server or tool, bad arguments): recorded too.
+            try:
+                self._write("none", "-", "running")
+            except Refused as exc:
+                logger.warning("Could not write the audit record of %s: %s", self.label, exc)
+        if self._record is None:
+            return
+        kind, error = outcome_of(status, answer, outcome)
+        for secret in self._secrets:
+            if error and secret:
+                error = error.replace(secret, "***")
+        duration = (time.perf_counter() - self._running) * 1000 if self._running else 0.0
+        try:
+            audit.end(
+                self._record,
+                outcome=kind,
+                duration_ms=round(duration, 3),
+                result_size=len(answer) if answer is not None else None,
+                error=error,
+            )
+        except Exception:  # the call's answer matters more than its record
+            logger.exception("Could not add the outcome of %s to the audit trail.", self.label)
+
+    def _write(self, decision: str, decided_by: str, outcome: str) -> None:
+        gate = self._gate
+        if gate is None or gate.audit is None or self._decided:
+            return
+        self._decided = True
+        try:
+            self._record = gate.audit.begin(
+                session=gate.session,
+                server=self.server_name,
+                tool=self.tool_name,
+                arguments=self.tool_args,
+                decision=decision,
+                decided_by=decided_by,
+                secrets=self._secrets,
+                outcome=outcome,
+                started=self._started,
+            )
+        except (sqlite3.Error, OSError) as exc:
+            raise Refused(
+                503,
+                "failed",
+                f"{self.label} was refused: its audit record could not be written to {gate.audit.path} ({exc}), "
+                "and no call runs without one.",
+            ) from exc
