@@ -8,9 +8,13 @@ could fail in a kernel whose Python lacks the package, and would widen what host
 from __future__ import annotations
 
 import ast
+import importlib
 import json
+import re
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import ipybox
@@ -109,3 +113,308 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith("ipybox"))))
     assert "ipybox.kernel._search" in loaded
     assert "ipybox._wire" in loaded
     assert [name for name in loaded if not name.startswith(ALLOWED_IPYBOX) and name != "ipybox"] == []
+
+
+# --- The application side's subsystems (issue 33): faces, order, no cycles.
+#
+# The graph is read from the source's own imports (ast), at any depth and inside
+# ``if TYPE_CHECKING:`` too: a type-only import still ties two modules together for a reader, and
+# keeping those acyclic costs nothing. ``from X import Y`` is an arrow to the module ``X.Y`` when
+# there is one, else to ``X``.
+
+APP = SRC / "app"
+SUBSYSTEMS = sorted(path.parent.name for path in APP.glob("*/__init__.py"))
+# Shared leaves of the application side: one-module subsystems any part may import by path
+# (``_tracing`` must stay unimported while tracing is off, so no face may import it eagerly).
+SHARED_LEAVES = ("_settings", "_state", "_tracing")
+# The subsystems from the lowest to the highest: an import only ever points to an earlier entry.
+ORDER = (
+    "_state",
+    "_tracing",
+    "_settings",
+    "sandbox",
+    "mcp_client",
+    "approval",
+    "apigen",
+    "kernels",
+    "tools",
+    "pool",
+    "executor",
+)
+# Known cycles that other parts of the redesign remove; each entry must still be a cycle, so the
+# list only shrinks. Owner: the kernels part of issue 33 (``PooledKernels`` reaching into ``KernelPool``).
+KNOWN_MODULE_CYCLES = [frozenset({"ipybox.app.pool._pool", "ipybox.app.pool._pooled_kernels"})]
+_MAY_IMPORT = re.compile(r"May import \(within ``ipybox\.app``\):(.*?)(?:\n\n|\Z)", re.DOTALL)
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(path): path for path in sorted(SRC.rglob("*.py"))}
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    target: str  # a module of ipybox
+    name: str | None  # the name taken from `target`, when it is not a module itself
+    line: int
+
+
+def _imports(module: str) -> list[Import]:
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: list[Import] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets: list[tuple[str, str | None]]
+        if isinstance(node, ast.Import):
+            targets = [(alias.name, None) for alias in node.names if alias.name.split(".")[0] == "ipybox"]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            if base.split(".")[0] != "ipybox":
+                continue
+            targets = [
+                (f"{base}.{alias.name}", None) if f"{base}.{alias.name}" in MODULES else (base, alias.name)
+                for alias in node.names
+            ]
+        else:
+            continue
+        for target, name in targets:
+            while target not in MODULES:
+                target = target.rpartition(".")[0]
+            found.append(Import(module, target, name, node.lineno))
+    return found
+
+
+IMPORTS = [found for module in MODULES for found in _imports(module)]
+
+
+def _subsystem(module: str) -> str | None:
+    """The subsystem of ``ipybox.app`` that `module` belongs to (a leaf is its own), else None."""
+    parts = module.split(".")
+    if parts[:2] != ["ipybox", "app"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in SUBSYSTEMS or parts[2] in SHARED_LEAVES else None
+
+
+def _graph(key: Callable[[str], str | None]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for found in IMPORTS:
+        source, target = key(found.importer), key(found.target)
+        if source is not None and target is not None and source != target:
+            graph.setdefault(source, set()).add(target)
+            graph.setdefault(target, set())
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[frozenset[str]]:
+    """The strongly connected components of more than one node (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[frozenset[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(frozenset(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(sorted(graph[child]))))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def _depth(graph: dict[str, set[str]]) -> int:
+    """The number of nodes on the longest path of an acyclic graph."""
+    depths: dict[str, int] = {}
+
+    def depth(node: str) -> int:
+        if node not in depths:
+            depths[node] = 1 + max((depth(child) for child in graph[node]), default=0)
+        return depths[node]
+
+    return max((depth(node) for node in graph), default=0)
+
+
+def _private(part: str) -> bool:
+    return part.startswith("_") and not part.startswith("__")
+
+
+def test_the_graph_reader_sees_relative_type_only_and_function_level_imports() -> None:
+    found = {(i.target, i.name) for i in _imports("ipybox.app.mcp_client._oauth")}
+    assert ("ipybox.app.mcp_client._session", "MCPSession") in found
+    assert ("ipybox.app._state", "oauth_dir") in found
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset("abc")]
+    assert _depth({"a": {"b"}, "b": {"c"}, "c": set(), "d": {"c"}}) == 3
+
+
+def test_app_keeps_at_most_ten_modules_outside_its_subsystems() -> None:
+    loose = sorted(path.name for path in APP.glob("*.py") if path.name != "__init__.py")
+    assert len(loose) <= 10, loose
+    assert {name.removesuffix(".py") for name in loose} <= set(SHARED_LEAVES)
+    assert set(ORDER) == set(SUBSYSTEMS) | set(SHARED_LEAVES)
+
+
+def test_no_module_of_the_package_is_in_an_import_cycle_but_the_known_ones() -> None:
+    cycles = _cycles(_graph(lambda module: module))
+    assert [cycle for cycle in cycles if cycle not in KNOWN_MODULE_CYCLES] == []
+    stale = [sorted(known) for known in KNOWN_MODULE_CYCLES if known not in cycles]
+    assert stale == [], f"{stale} is no longer a cycle: remove it from KNOWN_MODULE_CYCLES"
+
+
+def test_the_subsystems_form_no_cycle_and_every_arrow_points_down() -> None:
+    graph = _graph(_subsystem)
+    assert _cycles(graph) == []
+    upward = [(a, b) for a in graph for b in graph[a] if ORDER.index(b) > ORDER.index(a)]
+    assert upward == [], f"arrows up the order {ORDER}: {upward}"
+    assert _depth(graph) <= 8
+
+
+def test_no_private_module_or_underscore_name_of_a_subsystem_is_imported_from_outside_it() -> None:
+    crossings = []
+    for found in IMPORTS:
+        owner = _subsystem(found.target)
+        if owner is None or owner in SHARED_LEAVES or _subsystem(found.importer) == owner:
+            continue
+        inner = found.target.split(".")[3:]
+        if any(_private(part) for part in inner) or (found.name is not None and _private(found.name)):
+            crossings.append(f"{found.importer}:{found.line} imports {found.target} {found.name or ''}")
+    assert crossings == []
+
+
+def test_the_mcp_server_and_the_integrations_reach_the_application_side_through_faces_only() -> None:
+    faces = {f"ipybox.app.{name}" for name in SUBSYSTEMS} | {f"ipybox.app.{name}" for name in SHARED_LEAVES}
+    reaching = [
+        f"{found.importer}:{found.line} imports {found.target}"
+        for found in IMPORTS
+        if found.importer.startswith(("ipybox.mcp_server", "ipybox.integrations"))
+        and found.target.startswith("ipybox.app")
+        and found.target not in faces
+    ]
+    assert reaching == []
+
+
+def test_each_face_says_what_it_owns_and_may_import_and_exports_what_others_use() -> None:
+    for name in SUBSYSTEMS:
+        face = f"ipybox.app.{name}"
+        tree = ast.parse(MODULES[face].read_text())
+        docstring = ast.get_docstring(tree) or ""
+        declared = _MAY_IMPORT.search(docstring)
+        assert declared is not None, (
+            f"{face}'s docstring needs a 'May import (within ``ipybox.app``): ...' line"
+        )
+        allowed = set(re.findall(r"``([\w.]+)``", declared.group(1)))
+        actual = _graph(_subsystem).get(name, set())
+        assert actual == allowed, (
+            f"{face} imports {sorted(actual)} but its docstring allows {sorted(allowed)}"
+        )
+        exported = set(importlib.import_module(face).__all__)
+        used = {i.name for i in IMPORTS if i.target == face and i.name and _subsystem(i.importer) != name}
+        assert used <= exported, f"{face} is used for {sorted(used - exported)}, missing from its __all__"
+
+
+def test_the_contributors_page_draws_the_subsystems_as_the_faces_declare_them() -> None:
+    page = (SRC.parents[1] / "docs" / "architecture-subsystems.md").read_text()
+    rows = [
+        (name, may_import)
+        for name, may_import in re.findall(r"^\| `(\w+)/?` \| [^|]+ \| ([^|]+) \|$", page, re.MULTILINE)
+        if name in ORDER
+    ]
+    assert [name for name, _ in rows] == list(reversed(ORDER)), (
+        "the page lists the subsystems from the highest"
+    )
+    graph = _graph(_subsystem)
+    for name, may_import in rows:
+        drawn = set(re.findall(r"`(\w+)`", may_import))
+        assert drawn == graph.get(name, set()), f"the page's row of {name} says it may import {sorted(drawn)}"
+
+
+# Private members reached across subsystems, each with the part of the redesign that removes it;
+# each entry must still occur, so the list only shrinks.
+KNOWN_PRIVATE_MEMBER_REACHES = {
+    ("ipybox.app.executor._cells", "request._abandon"): "chain: the decision chain owns abandoning a request",
+    ("ipybox.app.executor._executor", "pool._check"): "kernels: KernelPool by composition",
+    ("ipybox.app.executor._executor", "self._pool._kernels_for"): "kernels: KernelPool by composition",
+    (
+        "ipybox.integrations.smolagents",
+        "executor._kernels",
+    ): "kernels: a public way to ask whether an executor started",
+    ("ipybox.mcp_server._elicit", "request._decide_as"): "chain: the decision chain answers for the person",
+    ("ipybox.mcp_server._tools", "item._decide_as"): "chain: the decision chain answers for the person",
+    ("ipybox.mcp_server._tools", "self.executor._tool_server"): "chain: the MCP server asks the executor",
+}
+
+
+def _unit(module: str) -> str:
+    """What owns `module`: its subsystem of ``ipybox.app``, else its top-level part of ipybox."""
+    parts = module.split(".")
+    return _subsystem(module) or (parts[1] if len(parts) > 1 else parts[0])
+
+
+def _private_members(tree: ast.AST) -> set[str]:
+    """The private methods and attributes that the classes of `tree` define."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    names.add(item.name)
+                elif isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                    names.add(item.target.id)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+            if isinstance(node.value, ast.Name) and node.value.id == "self":
+                names.add(node.attr)
+    return {name for name in names if _private(name)}
+
+
+def test_no_private_member_of_another_subsystems_objects_is_reached_but_the_known_ones() -> None:
+    """A heuristic (no types): ``x._name`` where no class of the module's own subsystem defines
+    ``_name`` and one of another subsystem does."""
+    trees = {module: ast.parse(path.read_text()) for module, path in MODULES.items()}
+    defined: dict[str, set[str]] = {}
+    for module, tree in trees.items():
+        defined.setdefault(_unit(module), set()).update(_private_members(tree))
+    elsewhere = {name for names in defined.values() for name in names}
+    reaches = set()
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not _private(node.attr) or node.attr not in elsewhere:
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "super":
+                continue
+            if node.attr not in defined[_unit(module)]:
+                reaches.add((module, ast.unparse(node)))
+    assert sorted(reaches - set(KNOWN_PRIVATE_MEMBER_REACHES)) == []
+    stale = sorted(set(KNOWN_PRIVATE_MEMBER_REACHES) - reaches)
+    assert stale == [], f"{stale} no longer occurs: remove it from KNOWN_PRIVATE_MEMBER_REACHES"

@@ -10,7 +10,7 @@ May import (within ``ipybox.app``): ``_state``.
 """
 
 from ipybox.app.approval._audit import AuditRecord, AuditTrail, default_audit_path
-from ipybox.app.approval._chain import Decision, DecisionChain, Permit, Refused
+from ipybox.app.approval._chain import ApprovalSpans, Decision, DecisionChain, Permit, Refused
 from ipybox.app.approval._client import ApprovalCallback, ApprovalClient, ApprovalRequest, shown_name
 from ipybox.app.approval._gate import Gate
 from ipybox.app.approval._policy import Policy, Rule, Verdict, is_shell, load_policy, read_shell
@@ -29,6 +29,7 @@ __all__ = [
     "ApprovalClient",
     "ApprovalClientDisconnected",
     "ApprovalRequest",
+    "ApprovalSpans",
     "AuditRecord",
     "AuditTrail",
     "Decider",

@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Awaitable, Iterable
+from typing import Any, Final, Protocol
 
 from mcp.types import ToolAnnotations
 
@@ -36,10 +36,7 @@ from ipybox.app.approval._server import (
 )
 from ipybox.errors import ToolCallOutcome
 
-if TYPE_CHECKING:
-    from ipybox.app._tracing import Tracing
-
-__all__ = ["Decision", "DecisionChain", "Permit", "Refused"]
+__all__ = ["ApprovalSpans", "Decision", "DecisionChain", "Permit", "Refused"]
 
 logger = logging.getLogger("ipybox.tool_exec.server")
 
@@ -58,6 +55,15 @@ _REJECTED = {
         "calls. Pass less data per call (write large data to a file and pass its path)."
     ),
 }
+
+
+class ApprovalSpans(Protocol):
+    """Makes a span of each wait for a decision (`ipybox.app._tracing.Tracing` is one)."""
+
+    async def approval(
+        self, server_name: str, tool_name: str, decision: Awaitable[tuple[bool, bool, bool, str]]
+    ) -> tuple[bool, bool, bool, str]: ...
+
 
 # How a failed question is recorded, by the outcome kind of its error.
 _WHO = {"rejected": Decider.APPLICATION, "expired": "timeout", "failed": "abandoned"}
@@ -110,7 +116,7 @@ class DecisionChain:
     """
 
     def __init__(
-        self, channel: ApprovalChannel, gate: Gate | None = None, tracing: Tracing | None = None
+        self, channel: ApprovalChannel, gate: Gate | None = None, tracing: ApprovalSpans | None = None
     ) -> None:
         self._channel = channel
         self._gate = gate

@@ -2,7 +2,7 @@
 
 Application side only. This module holds its arguments and its lifecycle (`start`, `stop`,
 `reset`, `upload`); running cells (`execute`, `stream`, `cancel`) is its base `_Cells`
-(``_executor_cells.py``).
+(``_cells.py``).
 """
 
 from __future__ import annotations
@@ -307,7 +307,7 @@ class CodeExecutor(_Cells, _Snapshots):
         if self._kernels is not None:
             raise RuntimeError("The code executor is already started; call stop() first.")
         settings = self._settings
-        # .env of the working directory is read when an MCP server starts (app._params),
+        # .env of the working directory is read when an MCP server starts (mcp_client._params),
         # not copied into this process's environment.
         async with AsyncExitStack() as stack:
             trail_dir = self._oversight.open()

@@ -3,8 +3,8 @@
 Each MCP server connection is an :class:`MCPSession` whose MCP SDK ``Client`` is entered and
 exited by one long-lived owner task, so no anyio scope of the connection is ever left by
 another task. Its parameters are resolved beforehand by :mod:`ipybox.app.mcp_client._params`; its
-transports are ``_mcp_stdio.py`` and ``_mcp_transport.py``, the wording of its failures
-``_mcp_errors.py``. This module is never imported inside a kernel.
+transports are ``_stdio.py`` and ``_transport.py``, the wording of its failures
+``_errors.py``. This module is never imported inside a kernel.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """`KernelPool`: one kernel gateway for many executors, and kernels started before they are needed.
 
 Runs in the application. The pool owns one `KernelGateway` and keeps `size` kernels on it ready
-(started, connected and warm; `_pool_stock.py` decides when to start more). An executor made with
+(started, connected and warm; `_stock.py` decides when to start more). An executor made with
 ``pool=`` takes one when it starts (and another at each `reset()`), through its `PooledKernels`,
 instead of starting a gateway and waiting for a kernel. A kernel is handed out once, and only then
 learns whose it is: a hidden first cell gives it its executor's tool server address and token, and
 (sandboxed) the pool links that executor's tool server socket into a folder made for this kernel
-alone before it started, which no other kernel can see (`_pool_kernel.py`). Until then a ready
+alone before it started, which no other kernel can see (`_kernel.py`). Until then a ready
 kernel has no way to any tool server. Each kernel has private temporary and IPython folders
 (sandboxed: made by the kernel's launcher; not sandboxed: given by the pool), removed when it ends.
 

@@ -7,8 +7,7 @@ constructors: ``_calls`` (tool calls), ``_sessions`` (the MCP servers' sessions)
 calls travel over (``_stdin_channel``). Every call is decided by ``approval``'s decision chain, and
 runs only with the permit the chain gives.
 
-May import (within ``ipybox.app``): ``approval``, ``mcp_client``, ``sandbox``, ``_settings``,
-``_tracing``.
+May import (within ``ipybox.app``): ``approval``, ``mcp_client``, ``sandbox``, ``_settings``.
 """
 
 from ipybox.app.tools._server import (

@@ -8,7 +8,7 @@ with the permit the chain gave, and makes the answer within the size limits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mcp.types import (
     AudioContent,
@@ -26,12 +26,9 @@ from ipybox._wire import AnswerFields
 from ipybox.app.approval import Decision, DecisionChain, Permit, Refused
 from ipybox.app.mcp_client import MCPSession
 from ipybox.app.tools._http import BodyReader, _Charge, _error, _json, _size, _summarise
-from ipybox.app.tools._options import Limits
+from ipybox.app.tools._options import CallSpans, Limits
 from ipybox.app.tools._sessions import ServerSessions
 from ipybox.errors import MCPServerError
-
-if TYPE_CHECKING:
-    from ipybox.app._tracing import Tracing
 
 
 class _RunRequest(BaseModel):
@@ -89,7 +86,7 @@ class ToolCalls:
         reader: BodyReader,
         *,
         ask: bool,
-        tracing: Tracing | None,
+        tracing: CallSpans | None,
     ) -> None:
         self._chain = chain
         self._sessions = sessions

@@ -1,6 +1,6 @@
 """The tool server's option objects: related settings grouped, as httpx groups ``Limits`` and ``Timeout``.
 
-Application side only. `ToolServer` takes `Limits` and `Access` (and a `KernelConfinement` for where
+Application side only. `ToolServer` takes `Limits` and `Access`, `CallSpans` for tracing (and a `KernelConfinement` for where
 the kernels write and how their shell commands run); the flat keywords it took before
 (``max_result_size=``, ``token=``, ``kernel_writable=``, ...) still work and are gathered into these
 by `gather`.
@@ -9,12 +9,14 @@ by `gather`.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Protocol, TypedDict, TypeVar
 
 from ipybox._infra import BearerToken
 from ipybox.app._settings import DEFAULT_MAX_RESULT_SIZE
+from ipybox.app.approval import ApprovalSpans
 from ipybox.app.sandbox import KernelConfinement, ShellRunner
 
 __all__ = [
@@ -22,13 +24,27 @@ __all__ = [
     "DEFAULT_MAX_REQUEST_SIZE",
     "DEFAULT_MAX_RESULT_SIZE",
     "Access",
+    "CallSpans",
     "FlatOptions",
     "Limits",
     "gather",
 ]
 
+_T = TypeVar("_T")
+
 DEFAULT_MAX_REQUEST_SIZE = 32 * 1024 * 1024
 DEFAULT_MAX_INFLIGHT_SIZE = 128 * 1024 * 1024
+
+
+class CallSpans(ApprovalSpans, Protocol):
+    """Makes spans of tool calls, approval waits and MCP server starts (`ipybox.app._tracing.Tracing`
+    is one; typed here so that OpenTelemetry is imported only when tracing is on)."""
+
+    async def tool_call(
+        self, server_name: str, tool_name: str, call: Awaitable[tuple[int, bytes]]
+    ) -> tuple[int, bytes]: ...
+
+    async def server_start(self, server_name: str, start: Awaitable[_T]) -> _T: ...
 
 
 @dataclass(frozen=True)

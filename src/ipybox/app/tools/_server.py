@@ -36,7 +36,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -68,6 +68,7 @@ from ipybox.app.tools._options import (
     DEFAULT_MAX_REQUEST_SIZE,
     DEFAULT_MAX_RESULT_SIZE,
     Access,
+    CallSpans,
     FlatOptions,
     Limits,
     gather,
@@ -75,9 +76,6 @@ from ipybox.app.tools._options import (
 from ipybox.app.tools._sessions import ServerSessions
 from ipybox.app.tools._shell_routes import ShellRoutes
 from ipybox.errors import ToolServerError
-
-if TYPE_CHECKING:
-    from ipybox.app._tracing import Tracing
 
 __all__ = [
     "DEFAULT_MAX_INFLIGHT_SIZE",
@@ -182,7 +180,7 @@ class ToolServer:
         access: Access | None = None,
         confinement: KernelConfinement | None = None,
         gate: Gate | None = None,
-        tracing: Tracing | None = None,
+        tracing: CallSpans | None = None,
         **flat: Unpack[FlatOptions],
     ) -> None:
         limits, access, confinement = gather(limits, access, confinement, flat)

@@ -12,17 +12,15 @@ import asyncio
 import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mcp.types import Tool
 
 from ipybox.app.approval import Refused
 from ipybox.app.mcp_client import MCPSession, ServerRegistry, StdioParams, confine, resolve_params
 from ipybox.app.sandbox import KernelConfinement
+from ipybox.app.tools._options import CallSpans
 from ipybox.errors import ServerParamsError
-
-if TYPE_CHECKING:
-    from ipybox.app._tracing import Tracing
 
 __all__ = ["ServerSessions"]
 
@@ -52,7 +50,7 @@ class ServerSessions:
         connect_timeout: float,
         max_result_size: int,
         confinement: Callable[[], KernelConfinement],
-        tracing: Tracing | None,
+        tracing: CallSpans | None,
     ) -> None:
         self._registry = registry
         self.scope = (scope,) if isinstance(scope, Path) else tuple(scope) if scope is not None else None
