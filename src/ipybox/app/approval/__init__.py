@@ -11,7 +11,14 @@ May import (within ``ipybox.app``): ``_state``.
 
 from ipybox.app.approval._audit import AuditRecord, AuditTrail, default_audit_path
 from ipybox.app.approval._chain import ApprovalSpans, Decision, DecisionChain, Permit, Refused
-from ipybox.app.approval._client import ApprovalCallback, ApprovalClient, ApprovalRequest, shown_name
+from ipybox.app.approval._client import (
+    ApprovalCallback,
+    ApprovalClient,
+    ApprovalRequest,
+    abandon,
+    decide_for,
+    shown_name,
+)
 from ipybox.app.approval._gate import Gate
 from ipybox.app.approval._policy import Policy, Rule, Verdict, is_shell, load_policy, read_shell
 from ipybox.app.approval._server import (
@@ -42,6 +49,8 @@ __all__ = [
     "Refused",
     "Rule",
     "Verdict",
+    "abandon",
+    "decide_for",
     "default_audit_path",
     "is_shell",
     "load_policy",

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator
 
 import anyio
 
-from ipybox.app.approval import ApprovalRequest
+from ipybox.app.approval import ApprovalRequest, abandon
 from ipybox.app.executor._oversight import Oversight
 from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app.kernels import ExecutionResult, KernelHost, RemoteKernelHost
@@ -143,7 +143,7 @@ class _Cells:
                     for request in handed:
                         if not request.decided:
                             with contextlib.suppress(ApprovalError):
-                                await request._abandon()
+                                await abandon(request)
                     if not runner.done():
                         runner.cancel()
                         await asyncio.wait({runner})
@@ -181,7 +181,7 @@ class _Cells:
     async def _on_approval_request(self, request: ApprovalRequest) -> None:
         if self._requests is None:
             # No execution is running (e.g. a thread the code left behind): nobody can decide.
-            await request._abandon()
+            await abandon(request)
         else:
             self._requests.put_nowait(request)
 
