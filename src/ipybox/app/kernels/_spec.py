@@ -219,7 +219,10 @@ def _trusted_installation(srt: str) -> list[Path]:
     package (a checkout's ``src/`` when installed editable) and srt's ``node_modules``. A working
     directory that holds them (a clone with its ``.venv``) must not let the kernel change them:
     the next start would run the change outside the sandbox."""
-    paths = [Path(sys.prefix), Path(__file__).resolve().parents[1]]
+    # ipybox's own folder, found from a module that lies directly in it (``gateway/``), so that it
+    # stays right wherever this module moves.
+    package = Path(_kernel_launch.__file__).resolve().parents[1]
+    paths = [Path(sys.prefix), package]
     real_srt = Path(srt).resolve()
     modules = [parent for parent in real_srt.parents if parent.name == "node_modules"]
     paths.append(modules[-1] if modules else real_srt)
