@@ -12,7 +12,7 @@ It prints the median per-call time of each and the difference to ``plain``. Kern
 figures swing by milliseconds on a busy machine, so more are measured in this process: the same
 call through a ``ToolServer`` and a ``ToolRunner`` (no kernel), with and without the trail, in
 alternating batches, as wall time and as this process's CPU time per call; and the trail alone, a
-record written and completed (`Ticket.admit` and `Ticket.finish`), median, mean and CPU time. The
+record written and completed (`Decision.permit` and `Decision.finish` of the decision chain), median, mean and CPU time. The
 target (the trail costs a call at most 0.2 ms) is judged on the trail alone's CPU time.
 """
 
@@ -29,7 +29,9 @@ from pathlib import Path
 
 from ipybox import CodeExecutor, generate_mcp_sources
 from ipybox.app.approval._audit import AuditTrail
+from ipybox.app.approval._chain import DecisionChain
 from ipybox.app.approval._gate import Gate
+from ipybox.app.approval._server import ApprovalChannel
 from ipybox.policy import Policy, Rule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,14 +59,14 @@ async def gate_cost(folder: Path, n: int) -> tuple[float, float, float]:
     """The trail alone, per call: median and mean seconds of a record written and completed, and
     the mean CPU seconds (the mean counts the rare writes that wait for a busy disk)."""
     trail = AuditTrail(folder / "micro" / "audit.sqlite3")
-    gate = Gate(POLICY, trail, "bench")
+    chain = DecisionChain(ApprovalChannel(), Gate(POLICY, trail, "bench"))
     times = []
     cpu, wall = time.process_time(), time.perf_counter()
     for _ in range(n):
         begin = time.perf_counter()
-        ticket = gate.ticket("bench", "echo", {"text": "x"})
-        await ticket.admit(annotations=None, ask=None)
-        ticket.finish(200, b'{"result":"x"}')
+        decision = chain.begin("bench", "echo", {"text": "x"}, "Tool call bench.echo")
+        await decision.permit(ask=False)
+        decision.finish(200, b'{"result":"x"}')
         times.append(time.perf_counter() - begin)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     trail.close()
@@ -82,8 +84,10 @@ async def tool_server_costs(folder: Path, rounds: int, calls: int) -> dict[str, 
     # less disturbed than wall time by other work on the machine.
     cpu: dict[str, list[float]] = {"plain": [], "audit": []}
     open_mode = {"port": 0, "trust_all_clients": True, "approval_required": False}
-    async with ToolServer(**open_mode) as plain, ToolServer(**open_mode) as audited:
-        audited.gate = Gate(None, trail, "bench")
+    async with (
+        ToolServer(**open_mode) as plain,
+        ToolServer(**open_mode, gate=Gate(None, trail, "bench")) as audited,
+    ):
         runners = {
             "plain": ToolRunner(server_name="bench", server_params=SERVER, port=plain.port),
             "audit": ToolRunner(server_name="bench", server_params=SERVER, port=audited.port),

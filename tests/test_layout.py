@@ -143,9 +143,6 @@ ORDER = (
     "pool",
     "executor",
 )
-# Known cycles that other parts of the redesign remove; each entry must still be a cycle, so the
-# list only shrinks. Empty since ``PooledKernels`` reaches its pool through a ``KernelLender``.
-KNOWN_MODULE_CYCLES: list[frozenset[str]] = []
 _MAY_IMPORT = re.compile(r"May import \(within ``ipybox\.app``\):(.*?)(?:\n\n|\Z)", re.DOTALL)
 
 
@@ -286,11 +283,8 @@ def test_app_keeps_at_most_ten_modules_outside_its_subsystems() -> None:
     assert set(ORDER) == set(SUBSYSTEMS) | set(SHARED_LEAVES)
 
 
-def test_no_module_of_the_package_is_in_an_import_cycle_but_the_known_ones() -> None:
-    cycles = _cycles(_graph(lambda module: module))
-    assert [cycle for cycle in cycles if cycle not in KNOWN_MODULE_CYCLES] == []
-    stale = [sorted(known) for known in KNOWN_MODULE_CYCLES if known not in cycles]
-    assert stale == [], f"{stale} is no longer a cycle: remove it from KNOWN_MODULE_CYCLES"
+def test_no_module_of_the_package_is_in_an_import_cycle() -> None:
+    assert _cycles(_graph(lambda module: module)) == []
 
 
 def test_the_subsystems_form_no_cycle_and_every_arrow_points_down() -> None:
@@ -360,15 +354,6 @@ def test_the_contributors_page_draws_the_subsystems_as_the_faces_declare_them() 
         assert drawn == graph.get(name, set()), f"the page's row of {name} says it may import {sorted(drawn)}"
 
 
-# Private members reached across subsystems, each with the part of the redesign that removes it;
-# each entry must still occur, so the list only shrinks.
-KNOWN_PRIVATE_MEMBER_REACHES = {
-    ("ipybox.app.executor._cells", "request._abandon"): "chain: the decision chain owns abandoning a request",
-    ("ipybox.mcp_server._elicit", "request._decide_as"): "chain: the decision chain answers for the person",
-    ("ipybox.mcp_server._tools", "item._decide_as"): "chain: the decision chain answers for the person",
-}
-
-
 def _unit(module: str) -> str:
     """What owns `module`: its subsystem of ``ipybox.app``, else its top-level part of ipybox."""
     parts = module.split(".")
@@ -410,6 +395,4 @@ def test_no_private_member_of_another_subsystems_objects_is_reached_but_the_know
                 continue
             if node.attr not in defined[_unit(module)]:
                 reaches.add((module, ast.unparse(node)))
-    assert sorted(reaches - set(KNOWN_PRIVATE_MEMBER_REACHES)) == []
-    stale = sorted(set(KNOWN_PRIVATE_MEMBER_REACHES) - reaches)
-    assert stale == [], f"{stale} no longer occurs: remove it from KNOWN_PRIVATE_MEMBER_REACHES"
+    assert sorted(reaches) == []

@@ -35,7 +35,7 @@ import mcp_types as types
 from mcp.server import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from ipybox.app.approval import ApprovalRequest, Decider, shown_name
+from ipybox.app.approval import ApprovalRequest, Decider, decide_for, shown_name
 from ipybox.app.executor import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app.kernels import KeptText
 from ipybox.errors import ApprovalError, CodeExecutionError
@@ -89,7 +89,7 @@ async def decide(request: ApprovalRequest, result: types.ElicitResult | None) ->
 
 async def _decide(request: ApprovalRequest, accepted: bool, by: str) -> None:
     try:
-        await request._decide_as(accepted, by)
+        await decide_for(request, accepted, by)
     except ApprovalError as exc:
         logger.warning(
             "The decision on %s.%s was not taken: %s",

@@ -22,7 +22,7 @@ import mcp_types as types
 from mcp.server import ServerRequestContext
 from pydantic import Field
 
-from ipybox.app.approval import ApprovalRequest, Decider
+from ipybox.app.approval import ApprovalRequest, Decider, decide_for
 from ipybox.app.executor import CodeExecutionChunk, CodeExecutionResult, CodeExecutor
 from ipybox.app.kernels import DEFAULT_MAX_OUTPUT_CHARS, KeptText
 from ipybox.app.sandbox import Confined, ConfinedPathError, relative_parts
@@ -458,7 +458,7 @@ class ToolSession(_CellAnswers, SnapshotTools):
                 async for item in items:
                     if isinstance(item, ApprovalRequest):
                         with contextlib.suppress(ApprovalError):
-                            await item._decide_as(False, Decider.HIDDEN_CELL)
+                            await decide_for(item, False, Decider.HIDDEN_CELL)
 
 
 TOOLS.update(SNAPSHOT_TOOLS)

@@ -322,9 +322,12 @@ async def test_an_approval_that_expires_is_recorded_as_decided_by_the_timeout(tm
 
     params = {"command": sys.executable, "args": [str(ANNOTATED)]}
     async with ToolServer(
-        port=0, approval_required=True, approval_timeout=0.5, trust_all_clients=True
+        port=0,
+        approval_required=True,
+        approval_timeout=0.5,
+        trust_all_clients=True,
+        gate=Gate(None, trail, "expiring"),
     ) as server:
-        server.gate = Gate(None, trail, "expiring")
         async with ApprovalClient(callback=never_decide, port=server.port):
             runner = ToolRunner(server_name="annot", server_params=params, port=server.port)
             with pytest.raises(ToolRunnerError, match="expired"):

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from ipybox.errors import ApprovalConnectionError, ApprovalDecisionError, ApprovalError
 
-__all__ = ["ApprovalCallback", "ApprovalClient", "ApprovalRequest"]
+__all__ = ["ApprovalCallback", "ApprovalClient", "ApprovalRequest", "abandon", "decide_for"]
 
 # The logger keeps the name of the module's public (or former) path.
 logger = logging.getLogger("ipybox.tool_exec.approval.client")
@@ -146,6 +146,29 @@ class ApprovalCallback(Protocol):
     """Called with each approval request; it must eventually accept or reject it."""
 
     def __call__(self, request: ApprovalRequest, /) -> Awaitable[None]: ...
+
+
+async def abandon(request: ApprovalRequest) -> None:
+    """Reject `request` because nobody is left to decide (a stream that ended, no execution running);
+    the audit trail records it as abandoned.
+
+    Raises:
+        ApprovalDecisionError: As `ApprovalRequest.reject`.
+        ApprovalConnectionError: As `ApprovalRequest.reject`.
+    """
+    await request._abandon()
+
+
+async def decide_for(request: ApprovalRequest, accepted: bool, by: str) -> None:
+    """Accept or reject `request` on behalf of `by` (a `Decider` value: the person at the MCP client,
+    or nobody, for a hidden cell's or a too large call), which the audit trail records and the
+    caller's error names instead of the application.
+
+    Raises:
+        ApprovalDecisionError: As `ApprovalRequest.accept`.
+        ApprovalConnectionError: As `ApprovalRequest.accept`.
+    """
+    await request._decide_as(accepted, by)
 
 
 class ApprovalClient:

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator
 
 import anyio
 
-from ipybox.app.approval import ApprovalRequest
+from ipybox.app.approval import ApprovalRequest, abandon
 from ipybox.app.executor._oversight import Oversight
 from ipybox.app.executor._results import CodeExecutionChunk, CodeExecutionResult
 from ipybox.app.kernels import ExecutionResult, KernelSource
@@ -92,7 +92,7 @@ class Cells:
                     for request in handed:
                         if not request.decided:
                             with contextlib.suppress(ApprovalError):
-                                await request._abandon()
+                                await abandon(request)
                     if not runner.done():
                         runner.cancel()
                         await asyncio.wait({runner})
@@ -131,6 +131,6 @@ class Cells:
         """Hand a tool call's approval request to the running cell's stream, or refuse it if none runs."""
         if self._requests is None:
             # No execution is running (e.g. a thread the code left behind): nobody can decide.
-            await request._abandon()
+            await abandon(request)
         else:
             self._requests.put_nowait(request)

@@ -1,9 +1,10 @@
 """What the application keeps over an executor's tool calls: policy rules, audit trail, trace spans.
 
 Application side only: the kernel can neither read nor change any of it. `CodeExecutor` makes one
-`Oversight` and hands it each new tool server (`attach`); the tool server's gate
-(`ipybox.app.approval._gate`) applies the rules and writes the trail, the spans come from
-`ipybox.app._tracing` (imported only when tracing is on).
+`Oversight`; each session it opens has a `Gate` (`ipybox.app.approval._gate`: the rules, what the
+session remembers, the trail), which `CodeExecutor` gives the new tool server with the tracing when
+it makes it (its decision chain applies them); the spans come from `ipybox.app._tracing` (imported
+only when tracing is on).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from ipybox.errors import PolicyError
 
 if TYPE_CHECKING:
     from ipybox.app._tracing import Tracing
-    from ipybox.app.tools import ToolServer
 
 __all__ = ["Oversight"]
 
@@ -40,7 +40,8 @@ class Oversight:
             self.tracing = Tracing(None if tracing is True else tracing)
         self._audit = audit
         self._trail: AuditTrail | None = None
-        self._tool_server: ToolServer | None = None
+        # The open session's gate (``None`` between sessions), handed to its tool server.
+        self.gate: Gate | None = None
         self._policy: Policy | None = None
         self.policy = policy
         # The id of the current session (each open() begins one) in the audit trail.
@@ -48,7 +49,7 @@ class Oversight:
 
     @property
     def policy(self) -> Policy | None:
-        """The rules; setting them applies at once to the later calls of the attached tool server."""
+        """The rules; setting them applies at once to the later calls of the open session."""
         return self._policy
 
     @policy.setter
@@ -56,20 +57,20 @@ class Oversight:
         if policy is not None and not isinstance(policy, Policy):
             raise PolicyError(f"policy must be an ipybox.policy.Policy, not {type(policy).__name__}.")
         self._policy = policy
-        tool_server = self._tool_server
-        if tool_server is not None:
-            if tool_server.gate is not None:
-                tool_server.gate.policy = policy
-            elif policy is not None:
-                tool_server.gate = Gate(policy, None, self.session_id)
+        if self.gate is not None:
+            self.gate.policy = policy
 
     def open(self) -> Path | None:
-        """Begin a session: open the trail; the trail's folder (for the sandbox to hide), if any.
+        """Begin a session: open the trail and make the session's `gate`; the trail's folder (for the
+        sandbox to hide), if any.
 
         Raises:
             RuntimeError: The trail cannot be opened (the message says what to do).
         """
         self.session_id = uuid.uuid4().hex[:12]
+        # Always a gate, also without rules or a trail: it keeps what the application accepted
+        # for the session (``accept(remember=True)``), and without rules it asks about everything.
+        self.gate = Gate(self._policy, None, self.session_id)
         if self._audit is False:
             return None
         trail = AuditTrail(None if self._audit is True else Path(self._audit))
@@ -81,19 +82,12 @@ class Oversight:
                 "or pass another path (audit=Path(...))."
             ) from exc
         self._trail = trail
+        self.gate = Gate(self._policy, trail, self.session_id)
         return trail.path.parent
 
-    def attach(self, tool_server: ToolServer) -> None:
-        """Have `tool_server` apply the rules, write the trail and make spans."""
-        tool_server.tracing = self.tracing
-        # Always a gate, also without rules or a trail: it keeps what the application accepted
-        # for the session (``accept(remember=True)``), and without rules it asks about everything.
-        tool_server.gate = Gate(self._policy, self._trail, self.session_id)
-        self._tool_server = tool_server
-
     def close(self) -> None:
-        """End the session: detach the tool server and close the trail."""
-        self._tool_server = None
+        """End the session: forget its gate and close the trail."""
+        self.gate = None
         trail, self._trail = self._trail, None
         if trail is not None:
             trail.close()

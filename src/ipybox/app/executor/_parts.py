@@ -80,8 +80,9 @@ class Parts:
                 approve_tool_calls=settings.approve_tool_calls,
                 max_result_size=settings.max_result_size,
                 uds=socket_dir / "tools.sock" if socket_dir is not None else None,
+                gate=oversight.gate,
+                tracing=oversight.tracing,
             )
-            oversight.attach(tool_server)
             await stack.enter_async_context(tool_server)
             # The kernel's stdin channel for tool calls (tool_channel="stdin").
             stdin_calls = StdinToolCalls(tool_server) if settings.tool_channel == "stdin" else None

@@ -2,7 +2,7 @@
 
 Application side only. What one client can hold of the tool server (`_BoundedHttp`), the
 in-flight budget of request and answer bytes (`_InflightBudget`, `_Charge`), reading a request
-body under those limits (`_RequestBodies`, a base of :class:`ipybox.app.tools._server.ToolServer`),
+body under those limits (`BodyReader`, a part of :class:`ipybox.app.tools._server.ToolServer`),
 the JSON error answers every endpoint gives, and ``log_to_stderr``'s fallback handler.
 """
 
@@ -253,13 +253,19 @@ class _Charge:
             self.size = 0
 
 
-class _RequestBodies:
-    """Reads a request's body within the tool server's size limits and in-flight budget."""
+class BodyReader:
+    """Reads a request's body within the tool server's size limits and in-flight budget.
 
-    max_request_size: int
-    max_inflight_size: int
+    Args:
+        max_request_size: Bytes one request body may have.
+        max_inflight_size: Bytes all calls in flight may hold together (named in errors).
+    """
 
-    async def _read_body(
+    def __init__(self, max_request_size: int, max_inflight_size: int) -> None:
+        self.max_request_size = max_request_size
+        self.max_inflight_size = max_inflight_size
+
+    async def read(
         self, length: bytes | str | None, receive: Receive, charge: _Charge
     ) -> bytes | bytearray | tuple[int, bytes] | None:
         """A request's body; an error answer if it is too large or too slow; ``None`` if the client left.

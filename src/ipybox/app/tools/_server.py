@@ -23,8 +23,10 @@ Endpoints:
 - ``WS /approval`` is where the application's ``ApprovalClient`` connects.
 - ``GET /status`` answers ``{"status": "ok"}``.
 
-``/run`` is served by the base `_ToolCalls` (``_calls.py``), ``/approve`` and ``/shell`` by
-`_ShellRoutes` (``_shell_routes.py``); this module holds the lifecycle and the routing.
+The server is composed of parts that receive what they need when they are made: the decision
+chain (``app/approval/_chain.py``) decides every call, ``/run`` is served by `ToolCalls`
+(``_calls.py``) with the MCP sessions of `ServerSessions` (``_sessions.py``), ``/approve`` and
+``/shell`` by `ShellRoutes` (``_shell_routes.py``); this module holds the lifecycle and the routing.
 """
 
 from __future__ import annotations
@@ -32,28 +34,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import secrets
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mcp.types import Tool
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
+from typing_extensions import Unpack
 
-from ipybox._infra import BearerToken, Uvicorn, listen
+from ipybox._infra import Uvicorn, listen
 from ipybox._wire import ToolServerPaths
-from ipybox.app._settings import DEFAULT_MAX_RESULT_SIZE
-from ipybox.app.approval import POLICY_VIOLATION, ApprovalChannel
+from ipybox.app.approval import POLICY_VIOLATION, ApprovalChannel, DecisionChain, Gate
 from ipybox.app.mcp_client import MCPSession, ServerRegistry, default_registry
-from ipybox.app.sandbox import KernelConfinement, ShellRunner
+from ipybox.app.sandbox import KernelConfinement
+from ipybox.app.tools._calls import ToolCalls, _RunRequest
 from ipybox.app.tools._http import (
     _UNAUTHORIZED,
+    BodyReader,
     _BoundedHttp,
     _Charge,
     _error,
@@ -62,15 +63,29 @@ from ipybox.app.tools._http import (
     _log_to_stderr_unless_configured,
     _QueuedWebSocket,
 )
-from ipybox.app.tools._shell_routes import _ShellRoutes
+from ipybox.app.tools._options import (
+    DEFAULT_MAX_INFLIGHT_SIZE,
+    DEFAULT_MAX_REQUEST_SIZE,
+    DEFAULT_MAX_RESULT_SIZE,
+    Access,
+    CallSpans,
+    FlatOptions,
+    Limits,
+    gather,
+)
+from ipybox.app.tools._sessions import ServerSessions
+from ipybox.app.tools._shell_routes import ShellRoutes
 from ipybox.errors import ToolServerError
 
-__all__ = ["DEFAULT_MAX_INFLIGHT_SIZE", "DEFAULT_MAX_REQUEST_SIZE", "DEFAULT_MAX_RESULT_SIZE", "ToolServer"]
+__all__ = [
+    "DEFAULT_MAX_INFLIGHT_SIZE",
+    "DEFAULT_MAX_REQUEST_SIZE",
+    "DEFAULT_MAX_RESULT_SIZE",
+    "Access",
+    "Limits",
+    "ToolServer",
+]
 
-DEFAULT_MAX_REQUEST_SIZE = 32 * 1024 * 1024
-"""The default `max_request_size` of `ToolServer`: bytes one request body may have (32 MiB)."""
-DEFAULT_MAX_INFLIGHT_SIZE = 128 * 1024 * 1024
-"""The default `max_inflight_size` of `ToolServer`: bytes all calls in flight may hold (128 MiB)."""
 # An answer up to this size is sent in one message (asyncio's default write buffer limit).
 _SMALL_ANSWER = 64 * 1024
 
@@ -78,7 +93,7 @@ _SMALL_ANSWER = 64 * 1024
 logger = logging.getLogger("ipybox.tool_exec.server")
 
 
-class ToolServer(_ShellRoutes):
+class ToolServer:
     """HTTP server that runs MCP tools for code in a kernel, once the application approves each call.
 
     MCP servers are started (or connected to) on their first tool call and kept for later
@@ -119,37 +134,32 @@ class ToolServer(_ShellRoutes):
         log_level: Level of the stderr output of ``log_to_stderr``; otherwise the application's
             logging configuration decides what is shown.
         registry: The trusted server registry; by default this user's (``default_registry()``).
-        token: Bearer token required by ``/run``, ``/approve``, ``/shell`` and ``/reset``;
-            generated when ``None`` (none in the open mode).
-        approval_secret: Bearer secret required to connect to ``/approval``; generated when
-            ``None`` (none in the open mode).
-        trust_all_clients: The open mode (see above); only where every client is trusted.
+        scope: The folders the application put on the kernel's import path (a `CodeExecutor`'s
+            working directory and its ``kernel_env`` ``PYTHONPATH``): a registered server is run
+            only when its API was generated in one of them or a folder directly in one
+            (``None``: any registered server).
         approve_tool_calls: With ``approval_required``, whether ``/run`` asks for approval;
             ``False`` lets tool calls through unasked while ``/approve`` still asks.
         uds: Also listen on a Unix socket at this path (a sandboxed kernel has no network
             to reach the TCP port through); the file is created with mode ``0600`` and removed
             on `stop()`.
-        max_result_size: Bytes one tool result may have as the JSON answer to the kernel (binary
-            content counts as its base64); a larger result fails that call with an error naming
-            the limit, and the tool server and the kernel carry on.
-        max_request_size: Bytes one request body (a tool call with its arguments) may have; a
-            larger call fails alone with an error naming the limit. The body is read only after
-            the token was checked, and must arrive within 60 s.
-        max_inflight_size: Bytes of request bodies and answers all calls in flight may hold
-            together (each counted by its size on the wire). A request waits for room before its
-            body is read (up to 60 s, then it fails with an error naming the limit); an answer
-            that does not fit when its result arrives fails that call alone. One call is counted
-            at most this size, so a call of any size up to the limits is run when it is alone.
-        kernel_writable: Folders a sandboxed kernel can write (also given by `confine` once the
-            kernel's sandbox is known): a stdio server whose program, arguments or working
-            directory lie there is refused (see the README's sandbox section).
-        scope: The folders the application put on the kernel's import path (a `CodeExecutor`'s
-            working directory and its ``kernel_env`` ``PYTHONPATH``): a registered server is run
-            only when its API was generated in one of them or a folder directly in one
-            (``None``: any registered server).
-        shell_runner: Runs the approved shell commands of a kernel that cannot start programs
-            (``POST /shell``); also given by `confine` once the kernel's sandbox is known.
-            ``None``: ``/shell`` is refused.
+        limits: The size limits of requests and results (`Limits`).
+        access: The token, the approval secret and the open mode (`Access`; see above).
+        confinement: Where a sandboxed kernel writes (a stdio server whose program, arguments or
+            working directory lie there is refused; see the README's sandbox section) and the
+            runner of the approved shell commands of a kernel that cannot start programs
+            (``POST /shell``; ``None``: refused); also given by `confine` once the kernel's sandbox
+            is known.
+        gate: The policy rules, what the session accepted to remember and the audit trail of the
+            executor's session (``None``: every call asks, none is recorded).
+        tracing: Spans of calls, approval waits and server starts (``None``: none).
+        **flat: The settings of `limits`, `access` and `confinement` one by one, as keywords
+            (``max_result_size``, ``max_request_size``, ``max_inflight_size``, ``token``,
+            ``approval_secret``, ``trust_all_clients``, ``kernel_writable``, ``shell_runner``).
+
+    Raises:
+        TypeError: A setting was given both as a keyword and in its option object.
+        ValueError: A size limit is not a positive number of bytes.
     """
 
     def __init__(
@@ -163,65 +173,68 @@ class ToolServer(_ShellRoutes):
         log_level: str = "INFO",
         *,
         registry: ServerRegistry | None = None,
-        token: str | None = None,
-        approval_secret: str | None = None,
+        scope: Path | Sequence[Path] | None = None,
         approve_tool_calls: bool = True,
         uds: Path | str | None = None,
-        max_result_size: int = DEFAULT_MAX_RESULT_SIZE,
-        max_request_size: int = DEFAULT_MAX_REQUEST_SIZE,
-        max_inflight_size: int = DEFAULT_MAX_INFLIGHT_SIZE,
-        kernel_writable: tuple[Path, ...] = (),
-        scope: Path | Sequence[Path] | None = None,
-        shell_runner: ShellRunner | None = None,
-        trust_all_clients: bool = False,
+        limits: Limits | None = None,
+        access: Access | None = None,
+        confinement: KernelConfinement | None = None,
+        gate: Gate | None = None,
+        tracing: CallSpans | None = None,
+        **flat: Unpack[FlatOptions],
     ) -> None:
-        sizes = {
-            "max_result_size": max_result_size,
-            "max_request_size": max_request_size,
-            "max_inflight_size": max_inflight_size,
-        }
-        for name, size in sizes.items():
-            if size <= 0:
-                raise ValueError(f"{name} must be a positive number of bytes, not {size!r}.")
-        self.max_request_size = max_request_size
-        self.max_inflight_size = max_inflight_size
-        self._inflight = _InflightBudget(max_inflight_size)
+        limits, access, confinement = gather(limits, access, confinement, flat)
+        access = access.secured()
+        self.limits = limits
+        self.max_result_size = limits.max_result_size
+        self.max_request_size = limits.max_request_size
+        self.max_inflight_size = limits.max_inflight_size
+        self._inflight = _InflightBudget(limits.max_inflight_size)
         self.host = host
         self.uds = Path(uds) if uds is not None else None
-        self.max_result_size = max_result_size
         self._port = port
         self.approval_required = approval_required
         self.approval_timeout = approval_timeout
         self.connect_timeout = connect_timeout
         self.log_to_stderr = log_to_stderr
         self.log_level = log_level.upper()
-        self.trust_all_clients = trust_all_clients
-        self._registry = registry if registry is not None else default_registry()
-        self._confinement = KernelConfinement(writable=kernel_writable, shell_runner=shell_runner)
-        self.scope = (scope,) if isinstance(scope, Path) else tuple(scope) if scope is not None else None
+        self.trust_all_clients = access.trust_all_clients
         self.approve_tool_calls = approve_tool_calls
-        self.gate = None
-        self.tracing = None
-        if not trust_all_clients:
-            token = token if token is not None else secrets.token_urlsafe(32)
-            approval_secret = approval_secret if approval_secret is not None else secrets.token_urlsafe(32)
-        self._token_value, self._approval_secret_value = token, approval_secret
-        self._token = BearerToken(token) if token is not None else None
-        self._approval_secret = BearerToken(approval_secret) if approval_secret is not None else None
+        self._registry = registry if registry is not None else default_registry()
+        self._confinement = confinement
+        self._access = access
+        self._token, self._approval_secret = access.bearers()
         self._channel = ApprovalChannel(
             approval_required=approval_required, approval_timeout=approval_timeout
         )
-        self._sessions: dict[str, tuple[MCPSession, dict[str, Any]]] = {}
-        self._starting: dict[str, asyncio.Lock] = {}
-        # Each session's tools by name, listed before the first call of it that is asked about.
-        self._tools: weakref.WeakKeyDictionary[MCPSession, dict[str, Tool]] = weakref.WeakKeyDictionary()
+        chain = DecisionChain(self._channel, gate, tracing)
+        reader = BodyReader(limits.max_request_size, limits.max_inflight_size)
+        self._servers = ServerSessions(
+            self._registry,
+            scope,
+            trust_all_clients=access.trust_all_clients,
+            connect_timeout=connect_timeout,
+            max_result_size=limits.max_result_size,
+            confinement=lambda: self._confinement,
+            tracing=tracing,
+        )
+        self.scope = self._servers.scope
+        self._calls = ToolCalls(
+            chain,
+            self._servers,
+            limits,
+            reader,
+            ask=approve_tool_calls and approval_required,
+            tracing=tracing,
+        )
+        self._shell = ShellRoutes(chain, reader, self._inflight, self._authorized, lambda: self._confinement)
         self._server: Uvicorn | None = None
         self._serve_task: asyncio.Task[None] | None = None
         self._app = Starlette(
             routes=[
                 Route(ToolServerPaths.RESET, self._reset_endpoint, methods=["PUT"]),
-                Route(ToolServerPaths.APPROVE, self._approve_endpoint, methods=["POST"]),
-                Route(ToolServerPaths.SHELL, self._shell_endpoint, methods=["POST"]),
+                Route(ToolServerPaths.APPROVE, self._shell.approve_endpoint, methods=["POST"]),
+                Route(ToolServerPaths.SHELL, self._shell.shell_endpoint, methods=["POST"]),
                 Route("/status", self._status, methods=["GET"]),
                 WebSocketRoute("/approval", self._approval),
             ]
@@ -235,12 +248,30 @@ class ToolServer(_ShellRoutes):
     @property
     def token(self) -> str | None:
         """The bearer token calls need (``None``: none, in the open mode without one)."""
-        return self._token_value
+        return self._access.token
 
     @property
     def approval_secret(self) -> str | None:
         """The bearer secret of the approval WebSocket (``None``: none, in the open mode without one)."""
-        return self._approval_secret_value
+        return self._access.approval_secret
+
+    @property
+    def inflight(self) -> _InflightBudget:
+        """The in-flight budget of request and answer bytes every call counts toward."""
+        return self._inflight
+
+    @property
+    def _sessions(self) -> dict[str, tuple[MCPSession, dict[str, Any]]]:
+        # The running MCP sessions by server name (tests read them to see a reset's end).
+        return self._servers.running
+
+    async def run_call(self, body: _RunRequest, charge: _Charge) -> tuple[int, bytes]:
+        """The answer to one tool call (``POST /run``'s, or a kernel's stdin channel's); see `ToolCalls.run_call`."""
+        return await self._calls.run_call(body, charge)
+
+    async def approve_only(self, body: _RunRequest) -> tuple[int, bytes]:
+        """The answer to an ask-only request (``POST /approve``'s, or the stdin channel's); see `ShellRoutes.approve_only`."""
+        return await self._shell.approve_only(body)
 
     @property
     def registry(self) -> ServerRegistry:
@@ -353,10 +384,7 @@ class ToolServer(_ShellRoutes):
 
     async def reset(self) -> None:
         """Close every MCP session; each is started again by its next tool call."""
-        sessions = [session for session, _ in self._sessions.values()]
-        self._sessions.clear()
-        if sessions:
-            await asyncio.gather(*(session.close() for session in sessions), return_exceptions=True)
+        await self._servers.close_all()
 
     async def __aenter__(self) -> ToolServer:
         await self.start()
@@ -374,7 +402,8 @@ class ToolServer(_ShellRoutes):
         await self.reset()
         return JSONResponse({"status": "ok"})
 
-        # ---- end of the policy and audit hook for shell commands ----
+    def _authorized(self, authorization: bytes) -> bool:
+        return self._token is None or self._token.accepts(authorization)
 
     async def _approval(self, websocket: WebSocket) -> None:
         if self._approval_secret is not None:
@@ -402,7 +431,7 @@ class ToolServer(_ShellRoutes):
                 if not self._authorized(authorization):
                     status, content = _error(401, "failed", _UNAUTHORIZED)
                 else:
-                    answer = await self._run(length, receive, charge)
+                    answer = await self._calls.run(length, receive, charge)
                     if answer is None:
                         return
                     status, content = answer

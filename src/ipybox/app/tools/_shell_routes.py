@@ -1,14 +1,16 @@
 """The tool server's endpoints for what the kernel runs itself: ``POST /approve`` and ``POST /shell``.
 
-Application side only. `_ShellRoutes` is a base of :class:`ipybox.app.tools._server.ToolServer`:
-``/approve`` only asks the application (and the policy gate) about a shell command the kernel
-runs (`approve_only`, which the stdin channel's ask-only calls take too); ``/shell`` asks, then runs the command with the confinement's ``shell_runner`` while the kernel stays
-connected. It also holds the bearer-token check every endpoint but ``/status`` makes.
+Application side only. `ShellRoutes` is a part of :class:`ipybox.app.tools._server.ToolServer`:
+``/approve`` only has the decision chain decide a shell command the kernel runs (`approve_only`,
+which the stdin channel's ask-only calls take too); ``/shell`` has it decided, then runs the
+command with the confinement's ``shell_runner``, with the chain's permit, while the kernel stays
+connected.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -16,7 +18,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive
 
-from ipybox._infra import BearerToken
 from ipybox._wire import (
     ASK_ONLY_RULE,
     SHELL_SERVER_NAME,
@@ -25,7 +26,7 @@ from ipybox._wire import (
     ShellFields,
     asks_about_shell,
 )
-from ipybox.app.approval import GateDenied, Ticket
+from ipybox.app.approval import Decision, DecisionChain, Permit, Refused
 from ipybox.app.sandbox import (
     KernelConfinement,
     ShellProgramError,
@@ -34,9 +35,10 @@ from ipybox.app.sandbox import (
     run_while_connected,
     shell_call,
 )
-from ipybox.app.tools._calls import _RunRequest, _ToolCallError, _ToolCalls
+from ipybox.app.tools._calls import _RunRequest
 from ipybox.app.tools._http import (
     _UNAUTHORIZED,
+    BodyReader,
     _Charge,
     _error,
     _error_response,
@@ -51,14 +53,32 @@ logger = logging.getLogger("ipybox.tool_exec.server")
 _Body = TypeVar("_Body", bound=BaseModel)
 
 
-class _ShellRoutes(_ToolCalls):
-    """Serves ``POST /approve`` and ``POST /shell`` (the shell commands of a kernel)."""
+class ShellRoutes:
+    """Serves ``POST /approve`` and ``POST /shell`` (the shell commands of a kernel).
 
-    _confinement: KernelConfinement
-    _inflight: _InflightBudget
-    _token: BearerToken | None
+    Args:
+        chain: Decides each command; a command runs only with its permit.
+        reader: Reads a request's body within the limits.
+        inflight: The in-flight budget a request's body counts toward while it is read.
+        authorized: Whether an ``Authorization`` header carries the tool server's token.
+        confinement: The kernels' confinement as last given (its ``shell_runner`` runs ``/shell``).
+    """
 
-    async def _approve_endpoint(self, request: Request) -> Response:
+    def __init__(
+        self,
+        chain: DecisionChain,
+        reader: BodyReader,
+        inflight: _InflightBudget,
+        authorized: Callable[[bytes], bool],
+        confinement: Callable[[], KernelConfinement],
+    ) -> None:
+        self._chain = chain
+        self._reader = reader
+        self._inflight = inflight
+        self._authorized = authorized
+        self._confinement = confinement
+
+    async def approve_endpoint(self, request: Request) -> Response:
         if not self._authorized(request.headers.get("authorization", "").encode()):
             return _error_response(401, "failed", _UNAUTHORIZED)
         charge = _Charge(self._inflight)
@@ -71,7 +91,7 @@ class _ShellRoutes(_ToolCalls):
         self, request: Request, charge: _Charge, model: type[_Body], what: str
     ) -> _Body | Response:
         """The request's body as `model`; else the answer to give (client gone, too large, malformed)."""
-        raw = await self._read_body(request.headers.get("content-length"), request.receive, charge)
+        raw = await self._reader.read(request.headers.get("content-length"), request.receive, charge)
         if raw is None:
             return Response(status_code=400)  # the client left; nobody reads this
         if isinstance(raw, tuple):
@@ -90,7 +110,7 @@ class _ShellRoutes(_ToolCalls):
         return Response(content, status_code=status, media_type="application/json")
 
     async def approve_only(self, body: _RunRequest) -> tuple[int, bytes]:
-        """Ask the policy gate and the application about what the kernel runs itself; the answer's status and body.
+        """Have the decision chain decide what the kernel runs itself; the answer's status and body.
 
         What ``POST /approve`` and an ask-only call over the kernel's stdin channel
         (``app/tools/_stdin_channel.py``) both answer with: nothing runs here, the kernel runs it once allowed.
@@ -108,14 +128,13 @@ class _ShellRoutes(_ToolCalls):
             )
             return _error(400, "failed", f"Refused: {ASK_ONLY_RULE}; tool calls go to POST /run.")
         try:
-            ticket = await self._approve_shell(body, f"{body.server_name}.{body.tool_name}")
-        except _ToolCallError as exc:
+            decision, _ = await self._decide(body, f"{body.server_name}.{body.tool_name}")
+        except Refused as exc:
             return _error(exc.status, exc.kind, exc.message)
-        if ticket is not None:
-            ticket.finish(200, b"", outcome="approved")  # the kernel runs it: no outcome is seen here
+        decision.finish(200, b"", outcome="approved")  # the kernel runs it: no outcome is seen here
         return 200, _json({AnswerFields.RESULT: None})
 
-    async def _shell_endpoint(self, request: Request) -> Response:
+    async def shell_endpoint(self, request: Request) -> Response:
         if not self._authorized(request.headers.get("authorization", "").encode()):
             return _error_response(401, "failed", _UNAUTHORIZED)
         # The body (a command line) counts toward the in-flight budget only while it is read.
@@ -126,7 +145,7 @@ class _ShellRoutes(_ToolCalls):
             charge.release()
         if isinstance(body, Response):
             return body
-        runner = self._confinement.shell_runner
+        runner = self._confinement().shell_runner
         if runner is None:
             return _error_response(
                 400,
@@ -143,38 +162,36 @@ class _ShellRoutes(_ToolCalls):
             return _error_response(400, "failed", str(exc))
         approval = _RunRequest(server_name=SHELL_SERVER_NAME, tool_name=body.kind, tool_args=tool_args)
         try:
-            ticket = await self._approve_shell(approval, f"ipybox.{body.kind}")
-        except _ToolCallError as exc:
+            decision, permit = await self._decide(approval, f"ipybox.{body.kind}")
+        except Refused as exc:
             return _error_response(exc.status, exc.kind, exc.message)
         response: Response | None = None
         try:
-            response = await self._run_shell(runner, body, argv, request.receive)
+            response = await self._run_shell(permit, runner, body, argv, request.receive)
             return response
         finally:
-            if ticket is not None:
-                ticket.finish(*((response.status_code, bytes(response.body)) if response else (None, None)))
+            decision.finish(*((response.status_code, bytes(response.body)) if response else (None, None)))
 
-    async def _approve_shell(self, approval: _RunRequest, call: str) -> Ticket | None:
-        """Ask for a shell command (or another ``/approve`` request); its ticket once allowed."""
-        # ---- policy and audit hook (ipybox.app.approval._gate) for shell commands ----
-        if self.gate is None:
-            await self._approve(approval, call)
-            return None
-        ticket = self.gate.ticket(approval.server_name, approval.tool_name, approval.tool_args)
+    async def _decide(self, approval: _RunRequest, call: str) -> tuple[Decision, Permit]:
+        """Have the chain decide a shell command (or another ``/approve`` request); its decision and permit.
+
+        Raises:
+            Refused: The chain did not allow it (its record has the outcome already).
+        """
+        decision = self._chain.begin(approval.server_name, approval.tool_name, approval.tool_args, call)
         try:
-            await ticket.admit(annotations=None, ask=lambda: self._approve(approval, call))
-        except GateDenied as exc:
-            message = f"{call} {exc.reason}."
-            ticket.finish(exc.status, _error(exc.status, exc.kind, message)[1])
-            raise _ToolCallError(exc.status, exc.kind, message) from None
-        except _ToolCallError as exc:
-            ticket.finish(exc.status, _error(exc.status, exc.kind, exc.message)[1])
+            permit = await decision.permit(ask=True)
+        except Refused as exc:
+            decision.finish(exc.status, _error(exc.status, exc.kind, exc.message)[1])
             raise
-        return ticket
+        return decision, permit
 
     async def _run_shell(
-        self, runner: ShellRunner, body: ShellRequest, argv: list[str], receive: Receive
+        self, permit: Permit, runner: ShellRunner, body: ShellRequest, argv: list[str], receive: Receive
     ) -> Response:
+        """Run the command the permit allows while the kernel stays connected."""
+        if permit.tool_name != body.kind:
+            return _error_response(403, "rejected", f"ipybox.{body.kind} has no permit.")
         running = await run_while_connected(runner, body, argv, receive)
         if running.cancelled():
             return Response(status_code=400)  # the client left; nobody reads this
@@ -195,6 +212,3 @@ class _ShellRoutes(_ToolCalls):
             ),
             media_type="application/json",
         )
-
-    def _authorized(self, authorization: bytes) -> bool:
-        return self._token is None or self._token.accepts(authorization)

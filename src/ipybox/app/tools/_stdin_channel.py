@@ -213,7 +213,7 @@ class StdinToolCalls:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self, kernel_id: str, kernel: _KernelCalls, call: _Call, epoch: int) -> None:
-        charge = _Charge(self.server._inflight)
+        charge = _Charge(self.server.inflight)
         try:
             body = _RunRequest(
                 server_name=call.server_name,
