@@ -65,8 +65,11 @@ async def test_starting_twice_raises() -> None:
 
 
 @pytest.mark.slow
+# At WARNING (the MCP server's level) the gateway logs only that it found no port, not that the
+# port was in use: before that line was recognised, such a start failed instead of taking another.
+@pytest.mark.parametrize("log_level", ["INFO", "WARNING"])
 async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, log_level: str
 ) -> None:
     # Private: the race for the picked port is forced by patching the gateway's port picker.
     import ipybox.app.kernels._gateway as server
@@ -78,7 +81,7 @@ async def test_a_picked_port_taken_before_the_gateway_binds_it_is_replaced(
         picks = iter([taken])
         real_free_port = server.free_port
         monkeypatch.setattr(server, "free_port", lambda host: next(picks, None) or real_free_port(host))
-        async with KernelGateway(port=None) as gateway:
+        async with KernelGateway(port=None, log_level=log_level) as gateway:
             assert gateway.port not in (0, taken)
             async with httpx2.AsyncClient() as http:
                 assert (await http.get(f"{gateway.url}/api")).status_code == 200

@@ -34,6 +34,9 @@ from ipybox.kernel import _exec_wall
 
 _LOG_TAIL_LINES = 40
 _PORT_ATTEMPTS = 5
+# What the gateway logs when its port was taken: at INFO level "The port N is already in use", and
+# at any level, once it gives up (port_retries=0), "... no available port could be found".
+_PORT_TAKEN_LINES = ("is already in use", "no available port could be found")
 
 
 def free_port(host: str = "localhost") -> int:
@@ -243,7 +246,7 @@ class KernelGateway:
                 await self._start(timeout)
                 return
             except GatewayError:
-                taken = any("is already in use" in line for line in self._log_tail)
+                taken = any(text in line for line in self._log_tail for text in _PORT_TAKEN_LINES)
                 if not taken or attempt + 1 == _PORT_ATTEMPTS:
                     self.port = 0
                     raise
