@@ -19,18 +19,14 @@ uv run --frozen ruff check src tests benchmarks examples
 uv run --frozen mypy
 bash scripts/docs.sh
 # scripts/no_leftovers.py fails the run, naming them, if the tests left a process running (it
-# adopts orphans, so none escapes). The quick run uses two workers (pytest-xdist), each test module
-# on one of them; the full run keeps one at a time until every test has been shown to hold on two
-# workers under load (a race in the stdin channel's flood test showed there).
+# adopts orphans, so none escapes). Both runs use two workers (pytest-xdist), each test module on
+# one of them, so that a module's shared gateway, kernels and servers are started once.
 if [ -n "$quick" ]; then
     uv run --frozen python scripts/no_leftovers.py \
         uv run --frozen pytest -m "not slow" -n 2 --dist loadfile "$@"
     exit
 fi
-# --warn: the full run names and kills what is left but does not fail on it yet. Its last run on a
-# fresh clone left one unsandboxed ipykernel whose gateway was gone (not yet traced to its test; one
-# suspect: ipykernel's parent poller, which may wait for init while this subreaper adopts orphans).
-uv run --frozen python scripts/no_leftovers.py --warn uv run --frozen pytest "$@"
+uv run --frozen python scripts/no_leftovers.py uv run --frozen pytest -n 2 --dist loadfile "$@"
 # The short soak (about 2 minutes) runs with the full suite, not with a chosen subset.
 if [ "$#" -eq 0 ]; then
     uv run --frozen python benchmarks/soak.py --duration 120
