@@ -466,10 +466,12 @@ async def test_a_kernel_whose_gateway_is_killed_while_it_starts_ends_where_orpha
 HOLD_GATEWAY_OUTPUT = """
 import os, subprocess
 gateway_output = os.readlink(f"/proc/{os.getppid()}/fd/1")
-held = next(
-    int(fd) for fd in os.listdir("/proc/self/fd")
-    if int(fd) > 2 and os.readlink(f"/proc/self/fd/{fd}") == gateway_output
-)
+def target(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:  # the listing's own descriptor, closed once listed
+        return None
+held = next(int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2 and target(fd) == gateway_output)
 daemon = subprocess.run(
     ["sh", "-c", "sleep 600 2>/dev/null & echo $! >&2"], stdout=held, stderr=subprocess.PIPE, check=True,
     start_new_session=True,
