@@ -106,7 +106,8 @@ def test_the_shell_request_the_kernel_writes_is_the_one_the_tool_server_reads(
     runner = ToolRunner("ipybox", {}, token="", proxy="", socket_path="")
     exchange = runner._calls.shell(kind, "echo hi", "/work", argv)
     assert next(exchange) is Step.ACQUIRE
-    request = exchange.send(False)  # a new connection: the next step sends the request
+    assert exchange.send(False) is Step.ACQUIRE  # a new connection; the request made, asked again
+    request = exchange.send(True)  # still open: the next step sends the request
     assert isinstance(request, bytes)
     assert request.startswith(f"POST {ToolServerPaths.SHELL} HTTP/1.1\r\n".encode())
     body = ShellRequest.model_validate_json(request.partition(b"\r\n\r\n")[2])

@@ -55,12 +55,13 @@ def finish(exchange: Exchange, answer: Any) -> Response:
 def test_a_call_gets_a_connection_sends_its_request_and_reads_the_answer_in_pieces() -> None:
     core = calls()
     exchange = core.run("echo", {"text": "hi"})
-    steps = play(exchange, True, None, OK[:10])
-    assert steps[0] is Step.ACQUIRE
-    request = steps[1]
+    # A connection, the request made, the connection again (still open), then send and read.
+    steps = play(exchange, True, True, None, OK[:10])
+    assert steps[:2] == [Step.ACQUIRE, Step.ACQUIRE]
+    request = steps[2]
     assert isinstance(request, bytes) and request.startswith(b"POST /run HTTP/1.1\r\n")
     assert b"\r\nAuthorization: Bearer t0k\r\n" in request
-    assert steps[2:] == [0, 0]
+    assert steps[3:] == [0, 0]
     response = finish(exchange, OK[10:])
     assert response == Response(200, OK.partition(b"\r\n\r\n")[2], True)
     assert core.result(response, "echo") == {"answer": 42}
@@ -78,23 +79,28 @@ def test_a_request_through_a_proxy_names_the_whole_url() -> None:
         connect_timeout=3,
         read_timeout=7,
     )
-    request = play(core.reset(), True)[1]
+    request = play(core.reset(), True, True)[2]
     assert isinstance(request, bytes)
     assert request.startswith(b"PUT http://localhost:8901/reset HTTP/1.1\r\nHost: localhost:8901\r\n")
     assert b"Authorization" not in request
 
 
 @pytest.mark.parametrize("gone", [BrokenPipeError(32, "Broken pipe"), ConnectionResetError(104, "reset")])
-def test_a_send_that_fails_on_a_kept_connection_is_sent_once_more_on_a_new_one(gone: OSError) -> None:
+@pytest.mark.parametrize("first", [True, False], ids=["kept", "new"])
+def test_a_send_that_fails_on_a_connection_that_waited_is_sent_once_more_on_a_new_one(
+    gone: OSError, first: bool
+) -> None:
+    # The tool server closes a kept connection left idle, and a new one whose request head does not
+    # come in time (while the request is made): either way the request did not get through.
     exchange = calls().run("echo", {})
-    steps = play(exchange, True, gone, None, False, None)
-    assert steps[2:] == [Step.DROP, Step.ACQUIRE, steps[1], 0]
+    steps = play(exchange, first, True, gone, None, False, None)
+    assert steps[3:] == [Step.DROP, Step.ACQUIRE, steps[2], 0]
     assert finish(exchange, OK).status == 200
 
 
 def test_a_send_that_fails_twice_is_not_tried_a_third_time() -> None:
     exchange = calls().run("echo", {})
-    play(exchange, True, BrokenPipeError(), None, False)
+    play(exchange, True, True, BrokenPipeError(), None, False)
     assert exchange.throw(BrokenPipeError("again")) is Step.DROP
     with pytest.raises(ToolRunnerError, match="could not be reached") as info:
         exchange.send(None)
@@ -103,7 +109,7 @@ def test_a_send_that_fails_twice_is_not_tried_a_third_time() -> None:
 
 def test_a_send_that_fails_on_a_new_connection_is_not_sent_again() -> None:
     exchange = calls().run("echo", {})
-    play(exchange, False)
+    play(exchange, True, False)  # the kept connection closed while the request was made: a new one
     assert exchange.throw(ConnectionResetError()) is Step.DROP
     with pytest.raises(ToolRunnerError, match="could not be reached"):
         exchange.send(None)
@@ -115,7 +121,7 @@ def test_a_send_that_fails_on_a_new_connection_is_not_sent_again() -> None:
 @pytest.mark.parametrize("part", [b"", OK[:20]])
 def test_a_request_sent_is_never_sent_again_whatever_ends_its_connection(closed: Any, part: bytes) -> None:
     exchange = calls().run("echo", {})
-    play(exchange, True, None, *([part] if part else []))
+    play(exchange, True, True, None, *([part] if part else []))
     step = exchange.send(closed) if isinstance(closed, bytes) else exchange.throw(closed)
     assert step is Step.DROP
     with pytest.raises(ToolRunnerError, match="may or may not have run, so it was not sent again") as info:
@@ -125,7 +131,7 @@ def test_a_request_sent_is_never_sent_again_whatever_ends_its_connection(closed:
 
 def test_an_answer_that_breaks_http_fails_the_call_with_the_reason() -> None:
     exchange = calls().run("echo", {})
-    play(exchange, True, None)
+    play(exchange, True, True, None)
     assert exchange.send(b"HTTP/1.1 200 OK\r\nX: " + b"x" * 70000) is Step.DROP
     with pytest.raises(ToolRunnerError, match="head over 65536 bytes; it may or may not have run"):
         exchange.send(None)
@@ -142,18 +148,24 @@ def test_a_connection_that_cannot_be_made_in_time_says_so() -> None:
     next(exchange)
     with pytest.raises(ToolRunnerError, match="ConnectionRefusedError"):
         exchange.throw(ConnectionRefusedError(111, "Connection refused"))
+    # Asked again once the request is made, the connection held is dropped whatever happens.
+    exchange = calls().run("echo", {})
+    play(exchange, False)
+    assert exchange.throw(TimeoutError()) is Step.DROP
+    with pytest.raises(ToolRunnerError, match=r"no connection within 3 s"):
+        exchange.send(None)
 
 
 def test_an_answer_that_does_not_come_in_time_drops_the_connection() -> None:
     exchange = calls().run("echo", {})
-    play(exchange, True, None)
+    play(exchange, True, True, None)
     assert exchange.throw(TimeoutError()) is Step.DROP
     with pytest.raises(ToolRunnerError, match="did not answer within 7 s"):
         exchange.send(None)
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt(), asyncio.CancelledError()])
-@pytest.mark.parametrize("answers", [(True,), (True, None), (True, None, OK[:5])])
+@pytest.mark.parametrize("answers", [(True,), (True, True), (True, True, None), (True, True, None, OK[:5])])
 def test_an_interrupt_or_a_cancellation_drops_the_connection_and_goes_on(
     stop: BaseException, answers: tuple[Any, ...]
 ) -> None:
@@ -176,7 +188,7 @@ def test_an_interrupt_while_connecting_goes_on_with_nothing_to_drop() -> None:
 
 def test_an_exchange_left_unfinished_closes_quietly() -> None:
     exchange = calls().run("echo", {})
-    play(exchange, True, None)
+    play(exchange, True, True, None)
     exchange.close()  # no "generator ignored GeneratorExit"
 
 
@@ -199,6 +211,7 @@ def test_a_request_is_made_once_the_exchange_has_a_connection() -> None:
     exchange = calls().run("echo", {"x": Arg()})
     assert next(exchange) is Step.ACQUIRE
     assert encoded == []
-    request = exchange.send(False)
+    assert exchange.send(False) is Step.ACQUIRE  # made: the connection again, in case it was closed
     assert encoded == ["json"]
+    request = exchange.send(True)
     assert isinstance(request, bytes) and request.endswith(b'"tool_args": {"x": "x"}}')

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
+# private: the tool server's head timeout is shortened so that it closes an unused connection soon.
+from ipybox.app import _tool_http as tool_server_module
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
+from ipybox.tool_exec.server import ToolServer
+from tests.conftest import DEMO_SERVER
+
+DEMO = {"command": sys.executable, "args": [str(DEMO_SERVER)]}
 
 _BODY = b'{"result": {"answer": 42}}'
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
@@ -290,3 +300,48 @@ async def test_gathered_calls_all_connect_before_any_encodes_its_arguments() -> 
         assert connected == [True] * 10
     finally:
         server.close()
+
+
+class ArgumentMadeOnceTheServerClosed:
+    """An argument whose JSON form is made only once the tool server has closed the connection the
+    runner opened for the call: a large body encoded while other calls encode theirs takes as long."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def model_dump(self, mode: str) -> str:
+        me = psutil.Process()
+        deadline = time.monotonic() + 30
+        while not any(
+            conn.raddr and conn.raddr.port == self.port and conn.status == psutil.CONN_CLOSE_WAIT
+            for conn in me.net_connections("tcp")
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the tool server did not close the unused connection")
+            time.sleep(0.01)
+        return "made late"
+
+
+@pytest.mark.parametrize("api", ["sync", "async"])
+async def test_a_call_whose_connection_the_server_closed_while_its_body_was_made_is_sent_on_a_new_one(
+    api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Private: the tool server's head timeout (10 s) is shortened so that it closes the connection soon.
+    monkeypatch.setattr(tool_server_module, "_HEAD_TIMEOUT", 0.2, raising=False)
+    async with ToolServer(
+        port=0, log_level="WARNING", approval_required=False, trust_all_clients=True
+    ) as server:
+        runner = ToolRunner("demo", DEMO, port=server.port, connect_timeout=5, read_timeout=30)
+        args = {"text": ArgumentMadeOnceTheServerClosed(server.port)}
+        # The runner runs in a thread (and its own event loop) so that the tool server's loop goes on.
+        if api == "sync":
+            result = await asyncio.to_thread(runner.run_sync, "echo", args)
+            runner.close()
+        else:
+
+            async def call() -> Any:
+                async with runner:
+                    return await runner.run("echo", args)
+
+            result = await asyncio.to_thread(asyncio.run, call())
+        assert result == "made late"

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -390,16 +391,87 @@ async def test_an_application_killed_with_sigkill_leaves_no_gateway_or_kernel_be
                 process.kill()
 
 
+SUBREAPER_GATEWAY = """
+import asyncio, ctypes, sys
+from ipybox.kernel_mgr.server import KernelGateway
+
+async def main():
+    async with KernelGateway(port=None, log_level="WARNING") as gateway:
+        print(gateway.port, gateway.pid, flush=True)
+        await asyncio.to_thread(sys.stdin.readline)
+
+# Orphans are adopted here (PR_SET_CHILD_SUBREAPER) rather than by init, as under a service
+# manager, a container's init or a test command that finds what was left running.
+ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)
+asyncio.run(main())
+"""
+
+
+def _start_kernel(port: int) -> None:
+    request = urllib.request.Request(
+        f"http://localhost:{port}/api/kernels", data=b'{"name": "ipybox-python"}', method="POST"
+    )
+    with contextlib.suppress(OSError):  # the gateway is killed before it answers
+        urllib.request.urlopen(request, timeout=120).close()
+
+
+def _ended(process: psutil.Process) -> bool:
+    try:
+        return bool(process.status() == psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return True
+
+
+async def test_a_kernel_whose_gateway_is_killed_while_it_starts_ends_where_orphans_are_adopted() -> None:
+    # ipykernel watches its parent only once it is up, and a parent gone by then it takes for
+    # "none to watch": it waited for init to adopt it, which a subreaper never lets happen.
+    helper = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SUBREAPER_GATEWAY, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    assert helper.stdin is not None and helper.stdout is not None
+    kernels: list[psutil.Process] = []
+    try:
+        port, pid = map(int, (await asyncio.wait_for(helper.stdout.readline(), 120)).split())
+        gateway = psutil.Process(pid)
+        start = asyncio.create_task(asyncio.to_thread(_start_kernel, port))
+
+        def started() -> bool:
+            kernels[:] = gateway.children()
+            return bool(kernels)
+
+        await until(started, 60)
+        # The kernel is held still as it appears, before anything of it runs, while its gateway dies.
+        kernels[0].suspend()
+        gateway.kill()
+        await asyncio.to_thread(gateway.wait, 30)
+        kernels[0].resume()
+        await start
+        await until(lambda: _ended(kernels[0]), 60)
+    finally:
+        helper.stdin.close()
+        try:
+            await asyncio.wait_for(helper.wait(), 60)
+        finally:
+            if helper.returncode is None:
+                helper.kill()
+                await helper.wait()
+            for kernel in kernels:
+                with contextlib.suppress(psutil.Error):
+                    kernel.kill()
+
+
 # The kernel hands the gateway's own output pipe (its inherited standard output, which ipykernel
 # keeps on a descriptor of its own) to a program that leaves the kernel's process tree, and its
 # process group (a session of its own): a kernel's shutdown may signal its whole group.
 HOLD_GATEWAY_OUTPUT = """
 import os, subprocess
 gateway_output = os.readlink(f"/proc/{os.getppid()}/fd/1")
-held = next(
-    int(fd) for fd in os.listdir("/proc/self/fd")
-    if int(fd) > 2 and os.readlink(f"/proc/self/fd/{fd}") == gateway_output
-)
+def target(fd):
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except FileNotFoundError:  # the listing's own descriptor, closed once listed
+        return None
+held = next(int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2 and target(fd) == gateway_output)
 daemon = subprocess.run(
     ["sh", "-c", "sleep 600 2>/dev/null & echo $! >&2"], stdout=held, stderr=subprocess.PIPE, check=True,
     start_new_session=True,

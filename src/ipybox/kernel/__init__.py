@@ -14,5 +14,6 @@ private; the public paths are ``ipybox.tool_exec.client``, ``ipybox.tool_exec.co
 - ``_ext``: the IPython extension every kernel loads (``!cmd``, approval, import paths).
 - ``_search``: tool search over the generated ``mcptools/`` (the query side).
 - ``_exec_wall``: the seccomp filter that stops a walled kernel from starting programs.
+- ``_with_gateway``: an unsandboxed kernel's launcher, which ends the kernel with its gateway.
 - ``_imports``: the refresh the application's own cells run, which calls no hook of the kernel's.
 """

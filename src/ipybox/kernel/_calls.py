@@ -44,7 +44,7 @@ class Step(enum.Enum):
     """
 
     ACQUIRE = "acquire"
-    """A connection to the tool server: a kept one that is still open (answer ``True``) or a new one (``False``)."""
+    """A connection to the tool server: the exchange's own or a kept one, if still open (answer ``True``), else a new one (``False``)."""
     DROP = "drop"
     """The connection cannot serve another request: close it now, whatever it still holds."""
 
@@ -100,8 +100,9 @@ class Steps:
             return None
 
 
-# Where an exchange stopped, for what its error says.
-_CONNECT, _SEND, _RECEIVE = "connect", "send", "receive"
+# Where an exchange stopped, for what its error says (reconnect: asking again for a connection,
+# holding one that may be dropped).
+_CONNECT, _RECONNECT, _SEND, _RECEIVE = "connect", "reconnect", "send", "receive"
 # What a connection the other side closed raises on a send or a receive.
 _GONE = BrokenPipeError | ConnectionResetError
 
@@ -227,8 +228,11 @@ class ToolCalls:
 
         The request is made once there is a connection: calls gathered in the kernel all ask for
         theirs before any encodes its arguments (a large body takes a while), so encoding one
-        does not count against another's ``connect_timeout``. A request whose send fails on a
-        kept connection (the tool server closed it while it was idle) is sent once more, on a
+        does not count against another's ``connect_timeout``. Meanwhile the connection sits
+        unused, and the tool server closes one whose request head has not come within its head
+        timeout, as it closes an idle kept one: once the request is made, the shell is asked for
+        a connection again (the same one if it is still open). A request whose send fails on a
+        connection that waited so (the tool server closed it just then) is sent once more, on a
         new connection. Once a request is sent, it is never sent again (a tool call runs at most
         once). Whatever stops an exchange after it has a connection, an interrupt or a
         cancellation too, has the shell drop that connection.
@@ -242,6 +246,9 @@ class ToolCalls:
                 stage = _SEND
                 if request is None:
                     request = build()
+                    stage = _RECONNECT
+                    reused = yield _ACQUIRE
+                    stage = _SEND
                 yield request
                 stage = _RECEIVE
                 reader = ResponseReader(self.limits)
@@ -254,7 +261,7 @@ class ToolCalls:
                 if stage != _CONNECT:
                     yield _DROP
                 if stage == _SEND and reused and attempt == 1 and isinstance(exc, _GONE):
-                    continue  # a kept connection closed just now: the request did not get through
+                    continue  # a connection that waited closed just now: the request did not get through
                 error = self._failure(tool_name, exc, stage)
                 if error is None:
                     raise  # an interrupt, a cancellation or arguments that are not JSON go on as they are
@@ -285,7 +292,7 @@ class ToolCalls:
                 self.server_name,
                 tool_name,
             )
-        if stage == _CONNECT and isinstance(exc, TimeoutError):
+        if stage in (_CONNECT, _RECONNECT) and isinstance(exc, TimeoutError):
             return self._unreachable(
                 tool_name, TimeoutError(f"no connection within {self.connect_timeout:g} s")
             )

@@ -130,7 +130,7 @@ class AsyncShell:
         while (step := steps.next()) is not None:
             try:
                 if step is _ACQUIRE:
-                    stream, steps.value = await self._acquire()
+                    stream, steps.value = await self._acquire(stream)
                     continue
                 assert stream is not None
                 if isinstance(step, int):
@@ -149,8 +149,12 @@ class AsyncShell:
             stream.writer.close()
         return response
 
-    async def _acquire(self) -> tuple[_Stream, bool]:
-        """An idle kept connection of this event loop (``True``), else a new one (``False``)."""
+    async def _acquire(self, held: _Stream | None) -> tuple[_Stream, bool]:
+        """`held`, or an idle kept connection of this event loop, if still open (``True``); else a new one (``False``)."""
+        if held is not None:
+            if not held.stale():
+                return held, True
+            held.abort()
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
             # Connections of another event loop cannot be used from this one.

@@ -139,10 +139,47 @@ def _with(extra: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
     return {**extra, **schema}
 
 
-@st.composite
-def tool_lists(draw: st.DrawFn) -> list[Tool]:
-    def_names = draw(st.lists(hostile_text, max_size=3, unique=True))
-    leaves = [
+class _Ref:
+    """A ``$ref`` leaf, resolved once the definitions are drawn to the pointer of one of them."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _extend(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    properties = st.dictionaries(hostile_text, children, max_size=4)
+    return st.one_of(
+        st.builds(
+            _with,
+            annotations_keys,
+            st.fixed_dictionaries({"type": st.just("object"), "properties": properties}),
+        ),
+        st.builds(
+            _with, annotations_keys, st.fixed_dictionaries({"type": st.just("array"), "items": children})
+        ),
+        st.builds(
+            _with,
+            annotations_keys,
+            st.fixed_dictionaries({"anyOf": st.lists(children, min_size=1, max_size=3)}),
+        ),
+        st.builds(
+            _with,
+            annotations_keys,
+            st.fixed_dictionaries({"oneOf": st.lists(children, min_size=1, max_size=3)}),
+        ),
+        st.builds(
+            _with,
+            annotations_keys,
+            st.fixed_dictionaries({"allOf": st.lists(children, min_size=1, max_size=2)}),
+        ),
+        st.builds(_with, annotations_keys, st.fixed_dictionaries({"additionalProperties": children})),
+    )
+
+
+# Built once: a recursive strategy built inside each draw is validated again each time, which cost
+# most of this module's minutes.
+schemas = st.recursive(
+    st.one_of(
         st.builds(
             _with,
             annotations_keys,
@@ -168,40 +205,30 @@ def tool_lists(draw: st.DrawFn) -> list[Tool]:
                 }
             ),
         ),
-    ]
-    if def_names:
-        leaves.append(st.sampled_from([{"$ref": _pointer(name)} for name in def_names]))
+        st.builds(_Ref, st.integers(min_value=0, max_value=2)),
+    ),
+    _extend,
+    max_leaves=8,
+)
 
-    def extend(children: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-        properties = st.dictionaries(hostile_text, children, max_size=4)
-        return st.one_of(
-            st.builds(
-                _with,
-                annotations_keys,
-                st.fixed_dictionaries({"type": st.just("object"), "properties": properties}),
-            ),
-            st.builds(
-                _with, annotations_keys, st.fixed_dictionaries({"type": st.just("array"), "items": children})
-            ),
-            st.builds(
-                _with,
-                annotations_keys,
-                st.fixed_dictionaries({"anyOf": st.lists(children, min_size=1, max_size=3)}),
-            ),
-            st.builds(
-                _with,
-                annotations_keys,
-                st.fixed_dictionaries({"oneOf": st.lists(children, min_size=1, max_size=3)}),
-            ),
-            st.builds(
-                _with,
-                annotations_keys,
-                st.fixed_dictionaries({"allOf": st.lists(children, min_size=1, max_size=2)}),
-            ),
-            st.builds(_with, annotations_keys, st.fixed_dictionaries({"additionalProperties": children})),
-        )
 
-    schema = st.recursive(st.one_of(*leaves), extend, max_leaves=8)
+def _resolve(value: Any, def_names: list[str]) -> Any:
+    """`value` with each `_Ref` made a ``$ref`` to one of `def_names` (a plain type when there are none)."""
+    if isinstance(value, _Ref):
+        if not def_names:
+            return {"type": "string"}
+        return {"$ref": _pointer(def_names[value.index % len(def_names)])}
+    if isinstance(value, dict):
+        return {key: _resolve(item, def_names) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_resolve(item, def_names) for item in value]
+    return value
+
+
+@st.composite
+def tool_lists(draw: st.DrawFn) -> list[Tool]:
+    def_names = draw(st.lists(hostile_text, max_size=3, unique=True))
+    schema = schemas.map(lambda value: _resolve(value, def_names))
     defs = {name: draw(schema) for name in def_names}
     tools = []
     for name in draw(st.lists(hostile_text, min_size=1, max_size=3, unique=True)):

@@ -104,6 +104,8 @@ def write_kernel_spec(
     }
     confinement = KernelConfinement()
     if sandbox is None:
+        # The kernel ends with its gateway even if the gateway ends before ipykernel watches it.
+        argv[1:4] = ["-P", "-m", "ipybox.kernel._with_gateway", "ipykernel_launcher"]
         spec["argv"] = limits.launcher(argv)
     else:
         # In its own PID namespace the kernel's parent is PID 1, which ipykernel's parent
