@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 # private: the tool server's head timeout is shortened so that it closes an unused connection soon.
-from ipybox.app import _tool_http as tool_server_module
+from ipybox.app.tools import _http as tool_server_module
 from ipybox.tool_exec.client import ToolRunner, ToolRunnerError
 from ipybox.tool_exec.server import ToolServer
 from tests.conftest import DEMO_SERVER
