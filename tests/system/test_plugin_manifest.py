@@ -179,8 +179,11 @@ def _claude(*args: str, config_dir: Path, cwd: Path | None = None) -> subprocess
         "CLAUDE_CONFIG_DIR": str(config_dir),
         "DISABLE_TELEMETRY": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        # The first start of a plugin's server installs its environment (uv, from its cache).
-        "MCP_TIMEOUT": "180000",
+        # How long a server may take to answer `initialize` (default 30 s). Claude Code's MCP SDK
+        # gives up at 60 s whatever this says, so more than 60000 changes nothing; the first start
+        # of a plugin's server installs its environment (uv and npm, from their caches) before
+        # ipybox answers, and ipybox answers before its kernel is ready.
+        "MCP_TIMEOUT": "60000",
     }
     return subprocess.run(
         ["npx", "--yes", CLAUDE_CODE, *args],
@@ -227,6 +230,14 @@ def clone(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield target
 
 
+def _server_lines(debug_log: Path) -> str:
+    """What Claude Code's debug log says about the MCP servers it started (their stderr among it)."""
+    if not debug_log.is_file():
+        return f"\n(no debug log at {debug_log})"
+    lines = [line for line in debug_log.read_text(errors="replace").splitlines() if "MCP server" in line]
+    return "\n" + "\n".join(lines)
+
+
 def _tree_size(folder: Path) -> int:
     return sum(path.lstat().st_size for path in folder.rglob("*") if path.is_file() or path.is_symlink())
 
@@ -263,10 +274,12 @@ def test_claude_code_installs_each_plugin_and_connects_to_its_server(clone: Path
         assert _tree_size(copy) < 5 * 2**20, f"{name}'s copy holds {_tree_size(copy)} bytes"
     # Claude Code starts each plugin's server in the project, as a session would, and checks it
     # (the sandboxed one installs srt into the plugin's copy first).
-    listed = _claude("mcp", "list", config_dir=config, cwd=project)
+    debug_log = tmp_path / "mcp-list.log"
+    # The debug log says why a server failed, and when (with the server's stderr).
+    listed = _claude("--debug-file", str(debug_log), "mcp", "list", config_dir=config, cwd=project)
     for name in ["codeact-default", "codeact-sandbox"]:
         assert re.search(rf"^plugin:{name}:ipybox: .*Connected", listed.stdout, re.MULTILINE), (
-            listed.stdout + listed.stderr
+            listed.stdout + listed.stderr + _server_lines(debug_log)
         )
 
     installed = _claude("plugin", "install", "codeact-docker@ipybox", config_dir=config)
