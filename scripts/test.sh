@@ -4,8 +4,8 @@
 # Usage: bash scripts/test.sh [--quick] [PYTEST_ARGS...]
 #   --quick  for development: the same checks, but the tests marked `slow` are left out
 #            (and so is the soak); CI and the README's test command run everything.
-# Measured on 2 cores: the quick run about 4 minutes; the full run's tests 15 minutes on two workers
-# while other work loaded the machine (load average 5 to 9; 58 minutes at 7 to 20), then the soak.
+# Measured on 2 cores: the quick run about 4 minutes; the full run's tests 12 minutes on two workers
+# on a quiet machine (three workers: no faster, the tests' processes use both cores), then the soak.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=""
