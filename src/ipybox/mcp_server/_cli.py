@@ -19,7 +19,7 @@ from typing import Any
 from ipybox._wire import UserEnv
 from ipybox.app.approval import Policy, load_policy
 from ipybox.errors import IpyboxError, PolicyError
-from ipybox.mcp_server._server import Settings
+from ipybox.mcp_server._server import Settings, SingleSession, build_server
 from ipybox.mcp_server._session_limits import DEFAULT_IDLE_TIMEOUT
 
 _DESCRIPTION = """\
@@ -358,9 +358,7 @@ def main(argv: list[str] | None = None) -> None:
     provider = _start_tracing() if args.otel else None
     try:
         if args.transport == "stdio":
-            from ipybox.mcp_server._stdio import serve_stdio
-
-            _run(_pooled(settings, args.pool, serve_stdio))
+            _run(_pooled(settings, args.pool, _serve_stdio))
         else:
             from ipybox.mcp_server._http import serve_http
 
@@ -460,6 +458,35 @@ async def _pooled(
             # Broad: how the display ended (cancelled, or the pool failed, which serving reports) changes nothing.
             with contextlib.suppress(BaseException):
                 await filling
+
+
+async def _serve_stdio(settings: Settings) -> None:
+    import anyio
+    from mcp.server.stdio import stdio_server
+
+    from ipybox.mcp_server._announce import announce, stage
+    from ipybox.mcp_server._stdio import stdio_pipes
+
+    session = SingleSession()
+
+    async def keep_session() -> None:
+        with stage(f"the {'sandboxed ' if settings.sandbox else ''}kernel"):
+            await session.keep(settings)
+
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            stdin, stdout = await stack.enter_async_context(stdio_pipes())
+            tasks = await stack.enter_async_context(anyio.create_task_group())
+            # The kernel starts while the client's handshake is answered (see SingleSession); a
+            # failed start ends the server with its error, as before it served.
+            tasks.start_soon(keep_session)
+            announce("serving MCP over stdin/stdout")
+            server = build_server(session)
+            async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+            tasks.cancel_scope.cancel()
+    except* IpyboxError as group:
+        raise group.exceptions[0] from None
 
 
 def _run(coro: Coroutine[Any, Any, None]) -> None:

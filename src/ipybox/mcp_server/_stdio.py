@@ -1,4 +1,4 @@
-"""Serving MCP over stdin and stdout, and those streams as asyncio pipes for the SDK's transport.
+"""Stdin and stdout as asyncio pipes for the SDK's stdio transport.
 
 The SDK reads and writes the standard streams in worker threads. A read blocked in a thread
 cannot be cancelled, so SIGTERM would wait for the client's next message before the kernel
@@ -15,13 +15,6 @@ import contextlib
 import os
 from collections.abc import AsyncIterator
 from typing import Any
-
-import anyio
-from mcp.server.stdio import stdio_server
-
-from ipybox.errors import IpyboxError
-from ipybox.mcp_server._announce import announce, stage
-from ipybox.mcp_server._server import Settings, SingleSession, build_server
 
 # The longest MCP message read from stdin (an upload of the largest allowed file, in base64).
 _MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -96,31 +89,3 @@ async def stdio_pipes() -> AsyncIterator[tuple[Any, Any]]:
         for fd, original in enumerate(saved):
             os.dup2(original, fd)
             os.close(original)
-
-
-async def serve_stdio(settings: Settings) -> None:
-    """Serve one session over stdin and stdout until the client closes stdin.
-
-    Raises:
-        IpyboxError: If the session's kernel cannot start (the server then ends).
-    """
-    session = SingleSession()
-
-    async def keep_session() -> None:
-        with stage(f"the {'sandboxed ' if settings.sandbox else ''}kernel"):
-            await session.keep(settings)
-
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            stdin, stdout = await stack.enter_async_context(stdio_pipes())
-            tasks = await stack.enter_async_context(anyio.create_task_group())
-            # The kernel starts while the client's handshake is answered (see SingleSession); a
-            # failed start ends the server with its error, as it did before serving.
-            tasks.start_soon(keep_session)
-            announce("serving MCP over stdin/stdout")
-            server = build_server(session)
-            async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
-                await server.run(read_stream, write_stream, server.create_initialization_options())
-            tasks.cancel_scope.cancel()
-    except* IpyboxError as group:
-        raise group.exceptions[0] from None
