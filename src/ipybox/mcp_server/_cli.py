@@ -461,32 +461,19 @@ async def _pooled(
 
 
 async def _serve_stdio(settings: Settings) -> None:
-    import anyio
     from mcp.server.stdio import stdio_server
 
     from ipybox.mcp_server._announce import announce, stage
     from ipybox.mcp_server._stdio import stdio_pipes
 
-    session = SingleSession()
-
-    async def keep_session() -> None:
+    async with contextlib.AsyncExitStack() as stack:
         with stage(f"the {'sandboxed ' if settings.sandbox else ''}kernel"):
-            await session.keep(settings)
-
-    try:
-        async with contextlib.AsyncExitStack() as stack:
-            stdin, stdout = await stack.enter_async_context(stdio_pipes())
-            tasks = await stack.enter_async_context(anyio.create_task_group())
-            # The kernel starts while the client's handshake is answered (see SingleSession); a
-            # failed start ends the server with its error, as before it served.
-            tasks.start_soon(keep_session)
-            announce("serving MCP over stdin/stdout")
-            server = build_server(session)
-            async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
-                await server.run(read_stream, write_stream, server.create_initialization_options())
-            tasks.cancel_scope.cancel()
-    except* IpyboxError as group:
-        raise group.exceptions[0] from None
+            tools = await stack.enter_async_context(settings.session())
+        announce("serving MCP over stdin/stdout")
+        stdin, stdout = await stack.enter_async_context(stdio_pipes())
+        server = build_server(SingleSession(tools))
+        async with stdio_server(stdin=stdin, stdout=stdout) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
 def _run(coro: Coroutine[Any, Any, None]) -> None:

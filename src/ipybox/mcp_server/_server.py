@@ -333,28 +333,11 @@ def _progress_reporter(ctx: ServerRequestContext[Any]) -> Progress | None:
     return report
 
 
+@dataclass
 class SingleSession:
-    """The one session of a stdio server, started beside the MCP handshake.
+    """The one session of a stdio server."""
 
-    A client gives a server a fixed time to answer ``initialize`` (Claude Code: 30 s by default,
-    and never more than its MCP SDK's 60 s, whatever ``MCP_TIMEOUT`` says), and a first start on a
-    busy machine (a fresh environment compiling its imports, a gateway, a sandboxed kernel) can take
-    longer. The handshake and ``tools/list`` need no kernel, so they are answered at once; a tool
-    call waits until the kernel is ready.
-    """
-
-    def __init__(self) -> None:
-        self._ready = anyio.Event()
-        self._tools: ToolSession | None = None
-
-    async def keep(self, settings: Settings) -> None:
-        """Start the session and keep it until cancelled; a failed start raises here."""
-        async with settings.session() as tools:
-            self._tools = tools
-            self._ready.set()
-            await anyio.sleep_forever()
+    tools: ToolSession
 
     async def get(self, ctx: ServerRequestContext[Any]) -> ToolSession:
-        await self._ready.wait()
-        assert self._tools is not None
-        return self._tools
+        return self.tools
