@@ -598,7 +598,8 @@ async def test_stop_leaves_no_process_behind_not_even_one_the_code_started(execu
 
 @pytest.mark.slow
 async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state")}
+    # PYTHONFAULTHANDLER: if it hangs, SIGABRT makes it print every thread's stack (below).
+    env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state"), "PYTHONFAULTHANDLER": "1"}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(ROOT / "examples" / "quickstart.py"),
@@ -618,7 +619,8 @@ async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> Non
 async def test_ctrl_c_at_the_quickstarts_prompt_ends_it(tmp_path: Path) -> None:
     # Found in a newcomer's trial: Ctrl-C at "Approve? (Y/n)" did nothing (the prompt's thread
     # held the exit until Enter was pressed), nor did a second one.
-    env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state")}
+    # PYTHONFAULTHANDLER: if it hangs, SIGABRT makes it print every thread's stack (below).
+    env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state"), "PYTHONFAULTHANDLER": "1"}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         str(ROOT / "examples" / "quickstart.py"),
@@ -634,7 +636,10 @@ async def test_ctrl_c_at_the_quickstarts_prompt_ends_it(tmp_path: Path) -> None:
         assert b"Tool call: library.search_books" in seen
         tree = psutil.Process(process.pid).children(recursive=True)
         process.send_signal(signal.SIGINT)
-        rest = await asyncio.wait_for(process.stdout.read(), 60)
+        try:
+            rest = await asyncio.wait_for(process.stdout.read(), 60)
+        except TimeoutError:
+            pytest.fail(await _hung(process, tree))
         assert await process.wait() == 130, rest.decode()
         assert b"interrupted" in rest
         _, alive = await asyncio.to_thread(psutil.wait_procs, tree, timeout=60)
@@ -643,6 +648,22 @@ async def test_ctrl_c_at_the_quickstarts_prompt_ends_it(tmp_path: Path) -> None:
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def _hung(process: asyncio.subprocess.Process, tree: list[psutil.Process]) -> str:
+    """What a program that did not end after Ctrl-C was doing: the processes of its tree still
+    running, and its threads' stacks (faulthandler prints them on SIGABRT)."""
+    alive = [f"{p.pid} {command_line(p)[:160]}" for p in tree if p.is_running()]
+    said = b""
+    if process.returncode is None:
+        process.send_signal(signal.SIGABRT)
+        assert process.stdout is not None
+        with contextlib.suppress(TimeoutError):
+            said = await asyncio.wait_for(process.stdout.read(64 * 1024), 10)
+    return (
+        f"no end of output 60 s after Ctrl-C; quickstart running: {process.returncode is None}; "
+        f"its processes still running: {alive}; it printed:\n{said.decode(errors='replace')}"
+    )
 
 
 async def test_the_gateway_refuses_requests_without_its_token(executor: CodeExecutor) -> None:
