@@ -616,13 +616,26 @@ async def test_the_quickstart_runs_offline(workdir: Path, tmp_path: Path) -> Non
     assert "lent to Ada" in text
 
 
+# Runs a Python program with Ctrl-C at its default, as a terminal starts it, whatever this test
+# process inherited: a shell ignores SIGINT for a job it puts in the background, the ignore is
+# inherited through exec, and Python then installs no KeyboardInterrupt for it (the program went on
+# at its prompt: the test failed each time the suite ran as a background job).
+AS_FROM_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])",
+]
+
+
 async def test_ctrl_c_at_the_quickstarts_prompt_ends_it(tmp_path: Path) -> None:
     # Found in a newcomer's trial: Ctrl-C at "Approve? (Y/n)" did nothing (the prompt's thread
     # held the exit until Enter was pressed), nor did a second one.
     # PYTHONFAULTHANDLER: if it hangs, SIGABRT makes it print every thread's stack (below).
     env = {**os.environ, "IPYBOX_STATE_DIR": str(tmp_path / "state"), "PYTHONFAULTHANDLER": "1"}
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
+        *AS_FROM_A_TERMINAL,
         str(ROOT / "examples" / "quickstart.py"),
         cwd=tmp_path,
         env=env,
